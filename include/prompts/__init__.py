@@ -1,0 +1,23 @@
+"""The prepare stage: read the source datasets, filter, dedupe, sample, cut into shards."""
+
+from include.prompts.prepare import (
+    DROP_REASONS,
+    MANIFEST_KEY,
+    PrepareError,
+    format_funnel,
+    prepare_prompts,
+    read_shard,
+    shard_id,
+    shard_key,
+)
+
+__all__ = [
+    "DROP_REASONS",
+    "MANIFEST_KEY",
+    "PrepareError",
+    "format_funnel",
+    "prepare_prompts",
+    "read_shard",
+    "shard_id",
+    "shard_key",
+]

@@ -1,0 +1,186 @@
+"""Read a source's rows with the ``datasets`` library, from local files or the hub.
+
+Rows come out in batches, in file order, each with its index in the source, so that ids and
+"keep the first" dedupe are deterministic. A file ``datasets`` cannot load because its rows
+disagree on a column's type (a JSONL row holding a number where the others hold text) is read
+again row by row, so the odd rows reach the funnel as malformed instead of failing the source.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from include.settings import SourceSettings
+
+log = logging.getLogger(__name__)
+
+_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+
+#: The key a row gets when the fallback reader could not parse its line at all.
+MALFORMED_KEY = "__malformed__"
+
+
+class SourceReadError(RuntimeError):
+    """A source cannot be read at all (missing, unreadable, empty); the message says why."""
+
+
+@dataclass
+class RowBatch:
+    """Consecutive rows of one source: ``rows[i]`` is source row ``start + i``."""
+
+    start: int
+    columns: list[str]
+    rows: list[dict[str, Any]]
+
+
+def resolve_files(source: SourceSettings) -> list[str]:
+    """Return the data files a source's ``path`` names (file, directory or glob), sorted."""
+    assert source.path is not None
+    path = source.path
+    if any(ch in path for ch in "*?["):
+        files = sorted(glob.glob(path, recursive=True))
+    elif os.path.isdir(path):
+        files = sorted(
+            str(p) for p in Path(path).rglob("*") if p.is_file() and p.suffix in _BUILDERS
+        )
+    elif os.path.exists(path):
+        files = [path]
+    else:
+        raise SourceReadError(
+            f"source {source.name!r}: path {path!r} does not exist. Fix `sources[].path` or "
+            "copy the dataset there."
+        )
+    files = [f for f in files if Path(f).suffix in _BUILDERS]
+    if not files:
+        raise SourceReadError(
+            f"source {source.name!r}: no .parquet, .json or .jsonl files at {path!r}"
+        )
+    suffixes = {_BUILDERS[Path(f).suffix] for f in files}
+    if len(suffixes) > 1:
+        raise SourceReadError(
+            f"source {source.name!r}: {path!r} mixes parquet and JSON files; give one format "
+            "per source"
+        )
+    return files
+
+
+def iter_batches(source: SourceSettings, batch_size: int = 4096) -> Iterator[RowBatch]:
+    """Yield the source's rows in order; raise SourceReadError if it cannot be read."""
+    if source.path:
+        files = resolve_files(source)
+        builder = _BUILDERS[Path(files[0]).suffix]
+        try:
+            dataset = _load_local(builder, files)
+        except SourceReadError:
+            raise
+        except Exception as exc:  # datasets/pyarrow raise many types for one bad file
+            if builder != "json":
+                raise SourceReadError(
+                    f"source {source.name!r}: cannot read {files} as parquet "
+                    f"({type(exc).__name__}: {exc}). Check the file is complete and not "
+                    "corrupted."
+                ) from exc
+            log.warning(
+                "source %s: datasets could not load %s (%s: %s); reading it row by row",
+                source.name,
+                files,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200],
+            )
+            yield from _iter_json_rows(source, files, batch_size)
+            return
+    else:
+        dataset = _load_hub(source)
+    columns = list(dataset.column_names)
+    start = 0
+    for batch in dataset.iter(batch_size=batch_size):
+        values = [batch[c] for c in columns]
+        rows = [dict(zip(columns, vals, strict=True)) for vals in zip(*values, strict=True)]
+        yield RowBatch(start, columns, rows)
+        start += len(rows)
+
+
+def _load_local(builder: str, files: list[str]) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets.load_dataset(builder, data_files=files, split="train")
+
+
+def _load_hub(source: SourceSettings) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(
+            source.hub_id, name=source.config, revision=source.revision, split=source.split
+        )
+    except Exception as exc:  # hub errors come in many types; all need the same message
+        raise SourceReadError(
+            f"source {source.name!r}: cannot load hub dataset {source.hub_id!r} (config "
+            f"{source.config!r}, revision {source.revision!r}, split {source.split!r}): "
+            f"{type(exc).__name__}: {exc}. Gated sets need HF_TOKEN; offline workers need a "
+            "local `path` instead."
+        ) from exc
+
+
+def _iter_json_rows(
+    source: SourceSettings, files: list[str], batch_size: int
+) -> Iterator[RowBatch]:
+    # One JSON array (MetaMathQA, Hermes) or JSON Lines (CodeFeedback), told apart by the first
+    # character, so a file in either form works whatever its extension says.
+    start = 0
+    columns: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        for row in _json_file_rows(source, path):
+            if not columns and MALFORMED_KEY not in row:
+                columns = list(row)
+            rows.append(row)
+            if len(rows) >= batch_size:
+                yield RowBatch(start, columns, rows)
+                start += len(rows)
+                rows = []
+    if rows:
+        yield RowBatch(start, columns, rows)
+
+
+def _json_file_rows(source: SourceSettings, path: str) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+        head = fh.read(4096).lstrip()
+        fh.seek(0)
+        if head.startswith("["):
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise SourceReadError(
+                    f"source {source.name!r}: {path} starts as a JSON array but is not valid "
+                    f"JSON ({exc}). The file may be truncated; download it again."
+                ) from exc
+            for i, item in enumerate(data):
+                yield (
+                    item
+                    if isinstance(item, dict)
+                    else {MALFORMED_KEY: f"array item {i} is {type(item).__name__}, not an object"}
+                )
+            return
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield {MALFORMED_KEY: f"{Path(path).name} line {lineno}: invalid JSON ({exc.msg})"}
+                continue
+            yield (
+                item
+                if isinstance(item, dict)
+                else {MALFORMED_KEY: f"{Path(path).name} line {lineno}: not an object"}
+            )

@@ -1,0 +1,101 @@
+"""Turn raw dataset turns into a chat prompt, and the key that decides duplicates."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Sequence
+
+from include.prompts.schemas import ROLE_NAMES, RawTurn
+
+Message = dict[str, str]
+
+
+class DropRow(Exception):
+    """A row yields no prompt; ``reason`` is one of the funnel's drop reasons."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
+    """Map role names and cut the conversation to the prompt the policy asks for.
+
+    Policies: ``first_user`` (system turns before it + the first user turn),
+    ``until_first_trained_assistant`` (every turn before the first assistant turn with
+    ``loss`` true; where the set has no loss flags, the first assistant turn),
+    ``until_last_user`` (every turn up to the last user turn). Raises DropRow.
+    """
+    mapped: list[tuple[str, RawTurn]] = []
+    for turn in turns:
+        role = ROLE_NAMES.get(turn.role.strip().lower())
+        if role is None:
+            raise DropRow("unknown_role", f"role {turn.role!r}")
+        mapped.append((role, turn))
+    users = [i for i, (role, _) in enumerate(mapped) if role == "user"]
+    if not users:
+        raise DropRow("no_user_turn", f"roles {[r for r, _ in mapped]}")
+
+    if policy == "first_user":
+        first = users[0]
+        kept = [(r, t) for r, t in mapped[:first] if r == "system"] + [mapped[first]]
+    elif policy == "until_first_trained_assistant":
+        cut = len(mapped)
+        has_loss = any(t.loss is not None for r, t in mapped if r == "assistant")
+        for i, (role, turn) in enumerate(mapped):
+            if role == "assistant" and (turn.loss is True or not has_loss):
+                cut = i
+                break
+        kept = mapped[:cut]
+        if not any(r == "user" for r, _ in kept):
+            raise DropRow("no_user_turn", "no user turn before the first trained assistant turn")
+    elif policy == "until_last_user":
+        kept = mapped[: users[-1] + 1]
+    else:  # settings validation makes this unreachable; fail loudly rather than guess
+        raise ValueError(f"unknown multi_turn policy {policy!r}")
+
+    messages = [{"role": r, "content": t.content} for r, t in kept]
+    if not messages[-1]["content"].strip() or all(not m["content"].strip() for m in messages):
+        raise DropRow("empty", "the last prompt turn is empty or whitespace")
+    for m in messages:
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise DropRow("malformed", "text holds invalid unicode (lone surrogates)") from None
+    return messages
+
+
+_SPACE = re.compile(r"\s+")
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
+
+
+def normalized_text(messages: Sequence[Message]) -> str:
+    """Return the form two prompts are compared in for exact dedupe.
+
+    NFKC, zero-width characters removed, runs of white space folded to one space, ends
+    stripped, per turn; roles kept, so the same user text under a different system prompt
+    is a different prompt. Case is kept: in code and maths it changes meaning.
+    """
+    parts = []
+    for m in messages:
+        text = unicodedata.normalize("NFKC", m["content"]).translate(_INVISIBLE)
+        parts.append(m["role"] + "\x1f" + _SPACE.sub(" ", text).strip())
+    return "\x1e".join(parts)
+
+
+def dedupe_key(messages: Sequence[Message]) -> bytes:
+    """Return a 16-byte digest of the normalised prompt (the exact-dedupe key)."""
+    return hashlib.blake2b(normalized_text(messages).encode("utf-8"), digest_size=16).digest()
+
+
+def prompt_turns(messages: Sequence[Message]) -> list[Message]:
+    """Return the turns before the first assistant turn (the prompt part of a conversation)."""
+    out = []
+    for m in messages:
+        if m["role"] == "assistant":
+            break
+        out.append(m)
+    return out

@@ -1,0 +1,23 @@
+"""Fixtures for the prepare stage: small source files in the exact published schemas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from include.settings import RunSettings
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., RunSettings]:
+    """Return a builder of RunSettings writing under tmp_path."""
+
+    def build(sources: list[dict[str, Any]], **overrides: Any) -> RunSettings:
+        values = {"sources": sources, "output_uri": str(tmp_path / "out"), "run_name": "t"}
+        values.update(overrides)
+        return RunSettings.from_mapping(values)
+
+    return build
