@@ -146,6 +146,37 @@ class SourceSettings:
 
 
 @dataclass(frozen=True)
+class GpuHostSettings:
+    """One GPU host: how to reach it and which GPUs get a server."""
+
+    host: str = _setting(
+        "127.0.0.1",
+        title="Host",
+        description="Address the servers are reached at (and a name for logs).",
+        section="Model and servers",
+    )
+    ssh_conn_id: str | None = _setting(
+        None,
+        title="SSH connection",
+        description="Airflow SSH connection to the host; empty runs commands on this machine.",
+        section="Model and servers",
+    )
+    gpus: list[int] = _setting(
+        [0, 1, 2, 3, 4, 5, 6, 7],
+        title="GPUs",
+        description="GPU indices; one server each, on port port_base + index.",
+        section="Model and servers",
+    )
+    command_prefix: str | None = _setting(
+        None,
+        title="Command prefix",
+        description="Prefix for every command on the host, for servers in a container "
+        "(e.g. 'pct exec 200 --' or 'docker exec NAME').",
+        section="Model and servers",
+    )
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """Every setting of one run. Build it with ``from_mapping``; it is immutable."""
 
@@ -231,6 +262,73 @@ class RunSettings:
         None,
         title="API key",
         description="Bearer key the servers expect, if any.",
+        section="Model and servers",
+    )
+    gpu_hosts: list[GpuHostSettings] = _setting(
+        [],
+        title="GPU hosts",
+        description="Hosts to launch servers on, each with its GPUs; empty when server_urls "
+        "names running servers.",
+        section="Model and servers",
+    )
+    port_base: int = _setting(
+        30000,
+        title="Port base",
+        description="GPU i serves on port port_base + i.",
+        section="Model and servers",
+        minimum=1024,
+        maximum=65000,
+    )
+    tp_size: int = _setting(
+        1,
+        title="Tensor parallel size",
+        description="GPUs per server (--tp-size).",
+        section="Model and servers",
+        minimum=1,
+    )
+    mem_fraction_static: float = _setting(
+        0.85,
+        title="Memory fraction",
+        description="GPU memory share for weights and KV cache (--mem-fraction-static).",
+        section="Model and servers",
+        minimum=0.1,
+        maximum=0.99,
+    )
+    reasoning_parser: str | None = _setting(
+        "qwen3",
+        title="Reasoning parser",
+        description="SGLang --reasoning-parser (qwen3 splits <think> into reasoning_content).",
+        section="Model and servers",
+    )
+    server_launch_command: str = _setting(
+        "python3 -m sglang.launch_server",
+        title="Server launch command",
+        description="Command that starts one server; flags are appended.",
+        section="Model and servers",
+    )
+    extra_server_args: list[str] = _setting(
+        ["--enable-metrics"],
+        title="Extra server arguments",
+        description="More flags for every server; --enable-metrics feeds adaptive concurrency.",
+        section="Model and servers",
+    )
+    server_log_dir: str = _setting(
+        "/tmp/sglang-regen",
+        title="Server log directory",
+        description="Directory on the GPU host for server logs and pid files.",
+        section="Model and servers",
+    )
+    launch_timeout_s: float = _setting(
+        1800.0,
+        title="Launch timeout (s)",
+        description="Longest the health gate waits for a server to load its model.",
+        section="Model and servers",
+        minimum=1.0,
+    )
+    replace_mismatched_servers: bool = _setting(
+        False,
+        title="Replace mismatched servers",
+        description="Stop and relaunch a server already running with other settings.",
         section="Model and servers",
     )
     # --- Sampling ------------------------------------------------------------------------
@@ -367,6 +465,45 @@ class RunSettings:
         description="Folder for this run under the output location (e.g. expansion_v1).",
         section="Output",
         pattern=_NAME_RE.pattern,
+    )
+    s3_conn_id: str = _setting(
+        "aws_default",
+        title="S3 connection",
+        description="Airflow AWS connection for s3:// locations (endpoint URL in its extra).",
+        section="Output",
+    )
+    protected_prefixes: list[str] = _setting(
+        ["completions/"],
+        title="Protected prefixes",
+        description="Locations no run may write in, contain or be inside (the original data).",
+        section="Output",
+    )
+    # --- Tokenization --------------------------------------------------------------------
+    max_sequence_length: int = _setting(
+        32768,
+        title="Max sequence length",
+        description="Longest tokenized sample (prompt + completion tokens).",
+        section="Tokenization",
+        minimum=16,
+    )
+    over_length: str = _setting(
+        "drop",
+        title="Over-length samples",
+        description="'drop' or 'truncate' samples longer than max_sequence_length.",
+        section="Tokenization",
+        choices=("drop", "truncate"),
+    )
+    keep_truncated_completions: bool = _setting(
+        False,
+        title="Keep truncated completions",
+        description="Train on completions cut by max_tokens (finish_reason 'length').",
+        section="Tokenization",
+    )
+    include_reasoning: bool = _setting(
+        True,
+        title="Include reasoning",
+        description="Render the reasoning (<think>...</think>) into the training text.",
+        section="Tokenization",
     )
 
     # ------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from include.prompts.prepare import (
     format_funnel,
     prepare_prompts,
     read_shard,
+    read_shard_by_id,
     shard_id,
     shard_key,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "format_funnel",
     "prepare_prompts",
     "read_shard",
+    "read_shard_by_id",
     "shard_id",
     "shard_key",
 ]

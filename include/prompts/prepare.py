@@ -260,7 +260,16 @@ def _read_source(
     seen_ids: set[str] = set()
     languages = set(source.languages) if source.languages is not None else None
     excluded = set(source.exclude_sources)
-    for batch in iter_batches(source):
+
+    def select(columns: list[str], first: dict | None) -> tuple[str, ...]:
+        # Resolve the kind before the first batch, so only the columns it reads are loaded.
+        nonlocal kind
+        kind = _resolve_kind(source, columns, first)
+        _check_filters(source, kind)
+        funnel.kind = kind.name
+        return kind.columns
+
+    for batch in iter_batches(source, select=select):
         if kind is None:
             first = next((r for r in batch.rows if MALFORMED_KEY not in r), None)
             kind = _resolve_kind(source, batch.columns, first)
@@ -486,3 +495,16 @@ def format_funnel(manifest: dict[str, Any]) -> str:
 def read_shard(store: Store, index: int) -> list[dict[str, Any]]:
     """Return the prompt records of shard ``index``."""
     return [json.loads(line) for line in store.read(shard_key(index)).splitlines() if line]
+
+
+def shard_index(shard: str) -> int:
+    """Return the index of a shard id (``shard-00042`` -> 42)."""
+    prefix = "shard-"
+    if not shard.startswith(prefix) or not shard[len(prefix):].isdigit():
+        raise ValueError(f"not a shard id: {shard!r} (expected e.g. 'shard-00042')")
+    return int(shard[len(prefix):])
+
+
+def read_shard_by_id(store: Store, shard: str) -> list[dict[str, Any]]:
+    """Return the prompt records of the shard named ``shard`` (e.g. ``shard-00042``)."""
+    return read_shard(store, shard_index(shard))

@@ -12,7 +12,7 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,19 @@ class SourceReadError(RuntimeError):
 
 @dataclass
 class RowBatch:
-    """Consecutive rows of one source: ``rows[i]`` is source row ``start + i``."""
+    """Consecutive rows of one source: ``rows[i]`` is source row ``start + i``.
+
+    ``columns`` are the source's columns; rows hold them all, or only those ``select`` chose.
+    """
 
     start: int
     columns: list[str]
     rows: list[dict[str, Any]]
+
+
+#: Called once with the source's columns and its first row, before any batch; returns the
+#: columns the rows need (None: all of them). Whatever it raises ends the read.
+ColumnSelector = Callable[[list[str], dict[str, Any] | None], Sequence[str] | None]
 
 
 def resolve_files(source: SourceSettings) -> list[str]:
@@ -71,8 +79,15 @@ def resolve_files(source: SourceSettings) -> list[str]:
     return files
 
 
-def iter_batches(source: SourceSettings, batch_size: int = 4096) -> Iterator[RowBatch]:
-    """Yield the source's rows in order; raise SourceReadError if it cannot be read."""
+def iter_batches(
+    source: SourceSettings, batch_size: int = 4096, select: ColumnSelector | None = None
+) -> Iterator[RowBatch]:
+    """Yield the source's rows in order; raise SourceReadError if it cannot be read.
+
+    With ``select``, rows read through ``datasets`` hold only the columns it returns, so the
+    columns nobody reads (answers, mostly) are never turned into Python objects. Rows from the
+    row-by-row JSON fallback always hold every field (``select`` is not called there).
+    """
     if source.path:
         files = resolve_files(source)
         builder = _BUILDERS[Path(files[0]).suffix]
@@ -99,10 +114,18 @@ def iter_batches(source: SourceSettings, batch_size: int = 4096) -> Iterator[Row
     else:
         dataset = _load_hub(source)
     columns = list(dataset.column_names)
+    wanted = columns
+    if select is not None and len(dataset):
+        chosen = select(columns, dataset[0])
+        if chosen is not None:
+            keep = set(chosen)
+            wanted = [c for c in columns if c in keep] or columns
+            if wanted != columns:
+                dataset = dataset.select_columns(wanted)
     start = 0
     for batch in dataset.iter(batch_size=batch_size):
-        values = [batch[c] for c in columns]
-        rows = [dict(zip(columns, vals, strict=True)) for vals in zip(*values, strict=True)]
+        values = [batch[c] for c in wanted]
+        rows = [dict(zip(wanted, vals, strict=True)) for vals in zip(*values, strict=True)]
         yield RowBatch(start, columns, rows)
         start += len(rows)
 

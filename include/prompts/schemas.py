@@ -57,6 +57,15 @@ class Kind:
     detect: Callable[[Sequence[str], Mapping[str, Any] | None], bool] | None = field(
         default=None, repr=False
     )
+    #: Columns ``turns`` and ``extra_metadata`` read (the others are named above).
+    reads: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column this kind reads from a row; a reader may leave the others out."""
+        named = (self.id_column, self.language_column, self.source_column)
+        out = [*self.reads, *(c for c in named if c), *self.metadata_columns]
+        return tuple(dict.fromkeys(out))
 
 
 def _text(row: Mapping[str, Any], column: str) -> str:
@@ -134,6 +143,7 @@ KINDS: dict[str, Kind] = {
             "infinity_instruct",
             ("conversations", "langdetect"),
             _turn_list("conversations", "from", "value"),
+            reads=("conversations",),
             id_column="id",
             language_column="langdetect",
             source_column="source",
@@ -143,6 +153,7 @@ KINDS: dict[str, Kind] = {
             "webinstructsub",
             ("question", "answer"),
             _flat("question"),
+            reads=("question",),
             id_column="index",
             source_column="source",
             metadata_columns=("source", "index"),
@@ -151,6 +162,7 @@ KINDS: dict[str, Kind] = {
             "codefeedback",
             ("query", "answer", "resource"),
             _flat("query"),
+            reads=("query",),
             source_column="resource",
             metadata_columns=("resource", "lang"),
         ),
@@ -158,12 +170,14 @@ KINDS: dict[str, Kind] = {
             "metamathqa",
             ("query", "response", "type"),
             _flat("query"),
+            reads=("query",),
             metadata_columns=("type",),
         ),
         Kind(
             "hermes_function_calling",
             ("conversations", "category"),
             _turn_list("conversations", "from", "value"),
+            reads=("conversations", "tools"),
             id_column="id",
             metadata_columns=("category", "subcategory", "task"),
             extra_metadata=_hermes_metadata,
@@ -172,6 +186,7 @@ KINDS: dict[str, Kind] = {
             "agentinstruct",
             ("conversations",),
             _turn_list("conversations", "from", "value"),
+            reads=("conversations",),
             id_column="id",
             detect=lambda cols, row: (
                 isinstance(_first_value(row, "conversations"), list)
@@ -182,12 +197,14 @@ KINDS: dict[str, Kind] = {
             "orca_agentinstruct",
             ("messages",),
             _turn_list("messages", "role", "content", json_string=True),
+            reads=("messages",),
             detect=lambda cols, row: isinstance(_first_value(row, "messages"), str),
         ),
         Kind(
             "agent_flan",
             ("conversation",),
             _turn_list("conversation", "role", "content"),
+            reads=("conversation",),
             id_column="id",
         ),
     ]

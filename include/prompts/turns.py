@@ -69,7 +69,22 @@ def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
 
 
 _SPACE = re.compile(r"\s+")
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff"))
+_INVISIBLE_CHARS = "\u200b\u200c\u200d\u2060\ufeff"
+_INVISIBLE = dict.fromkeys(map(ord, _INVISIBLE_CHARS))
+
+
+def _fold(text: str) -> str:
+    # The reference form is ``_SPACE.sub(" ", NFKC(text).translate(_INVISIBLE)).strip()``;
+    # this computes the same string faster (tests check the two agree): ASCII text is already
+    # NFKC and holds no zero-width characters, ``str.replace`` per character deletes exactly
+    # what ``translate`` does, and ``str.split()`` / ``str.strip()`` use the same white space
+    # as ``\s`` in a str pattern (``str.isspace``), so split + join folds runs and strips ends.
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+        for ch in _INVISIBLE_CHARS:
+            if ch in text:
+                text = text.replace(ch, "")
+    return " ".join(text.split())
 
 
 def normalized_text(messages: Sequence[Message]) -> str:
@@ -79,11 +94,7 @@ def normalized_text(messages: Sequence[Message]) -> str:
     stripped, per turn; roles kept, so the same user text under a different system prompt
     is a different prompt. Case is kept: in code and maths it changes meaning.
     """
-    parts = []
-    for m in messages:
-        text = unicodedata.normalize("NFKC", m["content"]).translate(_INVISIBLE)
-        parts.append(m["role"] + "\x1f" + _SPACE.sub(" ", text).strip())
-    return "\x1e".join(parts)
+    return "\x1e".join(m["role"] + "\x1f" + _fold(m["content"]) for m in messages)
 
 
 def dedupe_key(messages: Sequence[Message]) -> bytes:

@@ -1,12 +1,43 @@
 """Where a run's files live: one create-only interface over a local directory or S3."""
 
+from include.storage.publish import (
+    PublishResult,
+    encode_manifest,
+    publish_files,
+    publish_generated_shard,
+    shard_name,
+    write_verified,
+)
+from include.storage.s3 import S3Store, make_s3_client, split_s3_uri
 from include.storage.store import (
+    DEFAULT_PROTECTED_PREFIXES,
     LocalStore,
     ObjectExistsError,
+    ReadOnlyStore,
     Store,
     StoreError,
     open_store,
     sha256_hex,
+    validate_output_location,
 )
 
-__all__ = ["LocalStore", "ObjectExistsError", "Store", "StoreError", "open_store", "sha256_hex"]
+__all__ = [
+    "DEFAULT_PROTECTED_PREFIXES",
+    "LocalStore",
+    "ObjectExistsError",
+    "PublishResult",
+    "S3Store",
+    "ReadOnlyStore",
+    "Store",
+    "StoreError",
+    "encode_manifest",
+    "make_s3_client",
+    "publish_files",
+    "publish_generated_shard",
+    "open_store",
+    "sha256_hex",
+    "shard_name",
+    "split_s3_uri",
+    "validate_output_location",
+    "write_verified",
+]

@@ -9,10 +9,14 @@ conditional puts (``If-None-Match: *``) behind the same interface.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 
 class StoreError(RuntimeError):
@@ -114,11 +118,126 @@ class LocalStore:
         )
 
 
-def open_store(uri: str) -> Store:
-    """Return the store for ``uri``: ``s3://bucket/prefix`` or a local directory."""
-    if uri.startswith("s3://"):
+#: The original training data's prefix; see ``protected_prefixes`` in include/settings.py.
+DEFAULT_PROTECTED_PREFIXES: tuple[str, ...] = ("completions/",)
+
+
+def _location_parts(location: str) -> tuple[str, tuple[str, ...]]:
+    """Return ``(namespace, path segments)``: ``("s3://bucket", ...)`` or ``("file", ...)``."""
+    if location.startswith("s3://"):
+        rest = location[len("s3://") :]
+        bucket, _, path = rest.partition("/")
+        segments = tuple(p for p in path.split("/") if p)
+        if not bucket or any(p in (".", "..") for p in segments):
+            raise StoreError(
+                f"location {location!r}: expected s3://bucket/prefix without '.' or '..' segments"
+            )
+        return f"s3://{bucket}", segments
+    return "file", Path(os.path.abspath(location)).parts
+
+
+def validate_output_location(
+    uri: str, protected_prefixes: Sequence[str] = DEFAULT_PROTECTED_PREFIXES
+) -> None:
+    """Raise StoreError if ``uri`` is equal to, inside, or contains a protected prefix.
+
+    A protected prefix is a full location (``s3://bucket/completions``, ``/data/completions``)
+    or relative (``completions/``). For s3:// locations, relative ones (and ``/completions``)
+    mean that folder at the root of the location's bucket; for local ones, any directory of
+    that name (path segments) anywhere in the path. Trailing slashes do not matter; prefixes
+    are whole path segments, so ``completions/`` does not protect ``completions-v2/``. Call it
+    before any work.
+    """
+    namespace, segments = _location_parts(uri)
+    hits: list[str] = []
+    for prefix in protected_prefixes:
+        if not prefix.strip("/"):
+            raise StoreError(f"protected prefix {prefix!r} is empty: it would protect everything")
+        # For s3:// outputs a leading "/" still means the bucket root: refusing too much is
+        # safer than reading "/completions/" as a local path that protects nothing there.
+        if prefix.startswith("s3://") or (namespace == "file" and os.path.isabs(prefix)):
+            p_namespace, p_segments = _location_parts(prefix)
+            if p_namespace != namespace:
+                continue
+            n = min(len(segments), len(p_segments))
+            if segments[:n] == p_segments[:n]:  # equal, inside (n = len(p)) or containing
+                hits.append(prefix)
+            continue
+        rel = tuple(p for p in prefix.split("/") if p)
+        if namespace != "file":
+            n = min(len(segments), len(rel))
+            if segments[:n] == rel[:n]:
+                hits.append(prefix)
+        elif any(segments[i : i + len(rel)] == rel for i in range(len(segments))):
+            hits.append(prefix)
+    if hits:
         raise StoreError(
-            f"output location {uri!r}: S3 storage is not available in this build; "
-            "use a local directory"
+            f"output location {uri!r} (resolved: {_resolved(uri)}) is equal to, inside, or "
+            f"contains protected prefix(es) {hits} (all protected: {list(protected_prefixes)}); "
+            "nothing was written. Choose another output_uri/run_name, or change "
+            "protected_prefixes if that location really is yours to write."
         )
-    return LocalStore(uri)
+
+
+def _resolved(uri: str) -> str:
+    return uri.rstrip("/") if uri.startswith("s3://") else os.path.abspath(uri)
+
+
+def open_store(
+    uri: str,
+    *,
+    s3_conn_id: str = "aws_default",
+    protected_prefixes: Sequence[str] = DEFAULT_PROTECTED_PREFIXES,
+    read_only: bool = False,
+) -> Store:
+    """Return the store for ``uri``: ``s3://bucket/prefix`` or a local directory.
+
+    For writing (the default) the location is first checked against ``protected_prefixes``
+    (see ``validate_output_location``) and, for S3, the bucket and credentials are probed, so
+    a misconfiguration fails before any work. ``read_only=True`` skips the protection check
+    (reading protected data, e.g. for dedupe, is fine) and returns a store whose
+    ``write_new`` raises StoreError.
+    """
+    if not read_only:
+        validate_output_location(uri, protected_prefixes)
+        log.info(
+            "output location %s (protected prefixes: %s)",
+            _resolved(uri),
+            ", ".join(protected_prefixes) or "none",
+        )
+    store: Store
+    if uri.startswith("s3://"):
+        from include.storage.s3 import S3Store
+
+        s3 = S3Store(uri, conn_id=s3_conn_id)
+        s3.check_access()
+        store = s3
+    else:
+        store = LocalStore(uri)
+    return ReadOnlyStore(store) if read_only else store
+
+
+class ReadOnlyStore:
+    """Wrap a ``Store`` so that reads pass through and every write is refused."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.root = inner.root
+
+    def uri(self, key: str) -> str:
+        return self.inner.uri(key)
+
+    def write_new(self, key: str, data: bytes) -> bool:
+        raise StoreError(
+            f"{self.inner.uri(key)}: this store was opened read-only; open the output "
+            "location with open_store(uri) to write"
+        )
+
+    def read(self, key: str) -> bytes:
+        return self.inner.read(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)

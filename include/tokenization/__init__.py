@@ -1,5 +1,16 @@
-"""Tokenizer access shared by every stage, and (later) the tokenization stage itself."""
+"""Tokenizer access shared by every stage, and the tokenization stage itself."""
 
+from include.tokenization.stage import (
+    DROP_REASONS,
+    QUARANTINE_REASONS,
+    ChatTokenizer,
+    Sample,
+    TokenizeOptions,
+    TokenizeResult,
+    tokenize_completions,
+    tokenize_shard,
+    tokenized_keys,
+)
 from include.tokenization.tokenizer import (
     TokenizerError,
     count_prompt_tokens,
@@ -7,4 +18,18 @@ from include.tokenization.tokenizer import (
     render_prompts,
 )
 
-__all__ = ["TokenizerError", "count_prompt_tokens", "load_tokenizer", "render_prompts"]
+__all__ = [
+    "DROP_REASONS",
+    "QUARANTINE_REASONS",
+    "ChatTokenizer",
+    "Sample",
+    "TokenizeOptions",
+    "TokenizeResult",
+    "TokenizerError",
+    "count_prompt_tokens",
+    "load_tokenizer",
+    "render_prompts",
+    "tokenize_completions",
+    "tokenize_shard",
+    "tokenized_keys",
+]

@@ -1,0 +1,1 @@
+"""The generation stage: drive SGLang servers to answer a prompt shard, durably."""

@@ -1,0 +1,188 @@
+"""One request to an SGLang server's OpenAI-compatible chat endpoint, and its result.
+
+Shaped like vLLM's benchmark request functions: a request dataclass in, a result dataclass out,
+one shared ``aiohttp.ClientSession`` passed in. Every failure is recorded in the result with
+its HTTP status, the server's message and whether a retry can succeed; nothing is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+#: Failure kinds. Retryable ones can succeed on another try or another server.
+CONNECT = "connect_error"  # refused / reset before a response: the server is likely down
+DISCONNECTED = "disconnected"  # the server closed the connection mid-request
+TIMEOUT = "timeout"
+HTTP_5XX = "http_5xx"
+QUEUE_FULL = "queue_full"  # 503 "The request queue is full."
+LENGTH = "length_error"  # one of SGLang's three 400 length errors
+UNAUTHORIZED = "unauthorized"  # 401: the API key is wrong; no retry can fix it
+HTTP_4XX = "http_4xx"
+BAD_RESPONSE = "bad_response"  # 200 with a body that is not a chat completion
+CANCELLED = "cancelled"  # taken back by the engine (server ejected while in flight)
+RETRYABLE = frozenset({CONNECT, DISCONNECTED, TIMEOUT, HTTP_5XX, QUEUE_FULL, CANCELLED})
+
+_LENGTH_PATTERNS = (
+    # P >= C
+    re.compile(r"The input \((\d+) tokens\) is longer than the model's context length"),
+    # P + M >= C
+    re.compile(r"You requested a total of \d+ tokens: (\d+) tokens from the input messages"),
+    # P in [C-6, C-1]
+    re.compile(r"Input length \((\d+) tokens\) exceeds the maximum allowed length"),
+)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat completion to send: the prompt, its token budget and the sampling settings."""
+
+    prompt_id: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    sampling: dict[str, Any]
+    model: str
+
+
+@dataclass
+class ChatResult:
+    """What one attempt produced; ``ok`` is False with ``error_kind`` set on any failure."""
+
+    ok: bool = False
+    server: str = ""
+    status: int | None = None
+    error_kind: str | None = None
+    error: str = ""
+    content: str | None = None
+    reasoning_content: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    latency_s: float = 0.0
+
+    @property
+    def retryable(self) -> bool:
+        """Return whether another attempt (maybe on another server) can succeed."""
+        return self.error_kind in RETRYABLE
+
+
+def prompt_tokens_from_length_error(message: str) -> int | None:
+    """Return P as the server counted it, read from one of SGLang's length-error messages."""
+    for pattern in _LENGTH_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def build_body(request: ChatRequest) -> dict[str, Any]:
+    """Return the JSON body SGLang's ``/v1/chat/completions`` takes for ``request``."""
+    sampling = request.sampling
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": request.messages,
+        "max_tokens": request.max_tokens,
+        "temperature": sampling["temperature"],
+        "top_p": sampling["top_p"],
+        "stream": False,
+    }
+    if sampling.get("top_k", -1) != -1:
+        body["top_k"] = sampling["top_k"]
+    if "enable_thinking" in sampling:
+        body["chat_template_kwargs"] = {"enable_thinking": sampling["enable_thinking"]}
+    return body
+
+
+def _error_message(text: str) -> str:
+    # SGLang's /v1 errors are flat ({"object":"error","message":...}); OpenAI's are nested.
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:2000]
+    if isinstance(data, dict):
+        if isinstance(data.get("message"), str):
+            return data["message"]
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+    return text.strip()[:2000]
+
+
+async def send_chat(
+    session: aiohttp.ClientSession,
+    server: str,
+    request: ChatRequest,
+    headers: dict[str, str] | None = None,
+    timeout: aiohttp.ClientTimeout | None = None,
+) -> ChatResult:
+    """Send one chat completion to ``server`` and return its result; never raises for I/O."""
+    result = ChatResult(server=server)
+    start = time.perf_counter()
+    try:
+        async with session.post(
+            server + "/v1/chat/completions",
+            json=build_body(request),
+            headers=headers,
+            timeout=timeout,
+        ) as resp:
+            result.status = resp.status
+            text = await resp.text()
+            if resp.status == 200:
+                _parse_completion(result, text)
+            else:
+                _classify_error(result, resp.status, text)
+    except TimeoutError:
+        result.error_kind, result.error = TIMEOUT, "request timed out"
+    except aiohttp.ClientConnectorError as exc:
+        result.error_kind, result.error = CONNECT, f"cannot connect: {exc.os_error}"
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+        result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
+    except aiohttp.ClientOSError as exc:  # e.g. connection reset on a pooled connection
+        result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
+    except aiohttp.ClientError as exc:
+        result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
+    result.latency_s = time.perf_counter() - start
+    return result
+
+
+def _parse_completion(result: ChatResult, text: str) -> None:
+    try:
+        data = json.loads(text)
+        choice = data["choices"][0]
+        message = choice["message"]
+        result.content = message.get("content")
+        result.reasoning_content = message.get("reasoning_content")
+        result.finish_reason = choice.get("finish_reason")
+        result.usage = dict(data.get("usage") or {})
+        result.model = data.get("model")
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        result.error_kind = BAD_RESPONSE
+        result.error = f"unexpected 200 body ({type(exc).__name__}): {text[:300]}"
+        return
+    if result.finish_reason == "abort":
+        # SGLang aborts requests it drops (e.g. during shutdown); the answer is incomplete.
+        result.error_kind, result.error = HTTP_5XX, "server aborted the request"
+        return
+    result.ok = True
+
+
+def _classify_error(result: ChatResult, status: int, text: str) -> None:
+    message = _error_message(text)
+    result.error = message
+    if status == 401:
+        result.error_kind = UNAUTHORIZED
+    elif status == 503 and "queue is full" in message:
+        result.error_kind = QUEUE_FULL
+    elif status >= 500:
+        result.error_kind = HTTP_5XX
+    elif status == 400 and prompt_tokens_from_length_error(message) is not None:
+        result.error_kind = LENGTH
+    else:
+        result.error_kind = HTTP_4XX

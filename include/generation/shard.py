@@ -1,0 +1,122 @@
+"""Run one prompt shard of a run through the engine, and build the shard's output files."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from include.generation.engine import (
+    COMPLETED,
+    FAILED,
+    SKIPPED,
+    EngineConfig,
+    check_accounting,
+    run_shard,
+)
+from include.generation.journal import StoreJournal
+from include.prompts import read_shard_by_id
+from include.settings import RunSettings
+from include.storage import Store, open_store, sha256_hex
+
+log = logging.getLogger(__name__)
+
+
+def journal_prefix(shard_id: str) -> str:
+    """Return the store prefix of a shard's journal segments."""
+    return f"journal/{shard_id}"
+
+
+def output_keys(shard_id: str) -> tuple[str, str]:
+    """Return the store keys of a shard's completions file and its manifest."""
+    return f"generated/{shard_id}.jsonl", f"generated/{shard_id}.manifest.json"
+
+
+def generate_shard(
+    settings: RunSettings,
+    shard_id: str,
+    server_urls: list[str],
+    store: Store | None = None,
+    **engine_overrides: Any,
+) -> dict[str, Any]:
+    """Generate a shard's completions into its journal; return a summary for XCom and logs.
+
+    A shard whose output manifest exists is done and is not run again. Otherwise the engine
+    resumes from the journal in the run's store, so a retry on any worker picks up where the
+    last try stopped.
+    """
+    store = store or open_store(settings.run_uri)
+    _, manifest_key = output_keys(shard_id)
+    if store.exists(manifest_key):
+        manifest = json.loads(store.read(manifest_key))
+        log.info("%s: already generated (%s); nothing to do", shard_id, store.uri(manifest_key))
+        return {"shard_id": shard_id, "already_done": True, "counts": manifest["counts"]}
+    from include.tokenization import count_prompt_tokens, load_tokenizer
+
+    tokenizer = load_tokenizer(settings.tokenizer_path or settings.model_path)
+    prompts = read_shard_by_id(store, shard_id)
+    config = EngineConfig.from_settings(settings, **engine_overrides)
+    log.info(
+        "%s: %d prompts -> %d servers %s | model %s, context_length %d, max_tokens cap %d, "
+        "concurrency %s (start %d per server) | journal %s",
+        shard_id, len(prompts), len(server_urls), server_urls, config.model,
+        config.context_length, config.max_tokens, config.concurrency_mode,
+        config.in_flight_per_server, store.uri(journal_prefix(shard_id)),
+    )
+    journal = StoreJournal(store, journal_prefix(shard_id))
+    try:
+        outcome = run_shard(
+            shard_id, prompts, server_urls, journal, config,
+            lambda convs: count_prompt_tokens(tokenizer, convs, settings.enable_thinking),
+        )
+    finally:
+        journal.close()
+    log.info("%s", outcome.summary())
+    return {
+        "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
+        "truncated": outcome.truncated, "resumed": outcome.resumed,
+        "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
+        "servers": outcome.servers,
+    }
+
+
+def build_shard_output(
+    shard_id: str, prompts: list[dict[str, Any]], records: dict[str, dict[str, Any]]
+) -> tuple[bytes, dict[str, Any]]:
+    """Return the shard's completions JSONL (prompt order) and its manifest.
+
+    Raises GenerationError unless every prompt has exactly one final record.
+    """
+    ids = [p["id"] for p in prompts]
+    check_accounting(ids, records)
+    lines = []
+    counts = {COMPLETED: 0, SKIPPED: 0, FAILED: 0}
+    skipped, failed = [], []
+    truncated = 0
+    for pid in ids:
+        rec = records[pid]
+        counts[rec["status"]] += 1
+        if rec["status"] == COMPLETED:
+            truncated += rec.get("finish_reason") == "length"
+            lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
+        else:
+            entry = {"id": pid, "reason": rec.get("reason"), "detail": rec.get("detail", "")}
+            (skipped if rec["status"] == SKIPPED else failed).append(entry)
+    data = "".join(lines).encode("utf-8")
+    manifest = {
+        "shard_id": shard_id,
+        "prompts": len(ids),
+        "counts": counts,
+        "truncated": truncated,
+        "skipped": skipped,
+        "failed": failed,
+        "sha256": sha256_hex(data),
+        "bytes": len(data),
+        "servers": sorted({r["server"] for r in records.values() if r.get("server")}),
+    }
+    return data, manifest
+
+
+def load_journal_records(store: Store, shard_id: str) -> dict[str, dict[str, Any]]:
+    """Return the final journal record per prompt id of a shard."""
+    return StoreJournal(store, journal_prefix(shard_id)).load()

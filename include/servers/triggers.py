@@ -1,0 +1,253 @@
+"""Wait in the triggerer until one SGLang server is healthy and serves the run's model.
+
+``ServerHealthTrigger`` polls ``/health`` (connection refused and 503 mean "not yet") until
+200 or an absolute deadline, then checks ``/v1/models`` with ``check_served_model``, and
+yields one ``TriggerEvent``. While waiting it checks now and then, over SSH or locally, that
+the server's process (from its pid file) is still alive: a server that exited fails at once,
+and every failure carries the tail of the server's log. The triggerer imports this module by
+the classpath ``serialize()`` returns, so it must stay importable from ``include/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from include.servers.checks import (
+    ModelExpectation,
+    check_served_model,
+    token_budget_warnings,
+)
+from include.servers.commands import (
+    ServerSpec,
+    apply_prefix,
+    build_log_tail_command,
+    build_status_command,
+    parse_fields,
+)
+
+__all__ = ["ServerHealthTrigger", "check_served_model"]
+
+log = logging.getLogger(__name__)
+
+
+async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0) -> str:
+    """Run a command for ``spec`` on its host (SSH via ``SSHHookAsync``, else ``sh -c``).
+
+    Return stdout; raise RuntimeError naming the host when the command fails.
+    """
+    command = apply_prefix(command, spec.command_prefix)
+    if spec.ssh_conn_id is None:
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            raise RuntimeError(f"server {spec.name}: local command timed out") from None
+        status, stdout, stderr = proc.returncode, out.decode(errors="replace"), err.decode()
+    else:
+        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+
+        from include.servers.launcher import explain_ssh_error
+
+        label = f"host {spec.host} (SSH connection `{spec.ssh_conn_id}`)"
+        try:
+            hook = SSHHookAsync(ssh_conn_id=spec.ssh_conn_id)
+            status, stdout, stderr = await asyncio.wait_for(
+                hook.run_command(command, timeout=timeout), timeout + 15
+            )
+        except Exception as exc:
+            raise RuntimeError(explain_ssh_error(exc, label)) from exc
+    if status != 0:
+        raise RuntimeError(
+            f"server {spec.name}: command on {spec.host} exited with {status}: "
+            f"{(stderr or stdout).strip()[-500:]}"
+        )
+    return stdout
+
+
+class ServerHealthTrigger(BaseTrigger):
+    """Fire once when a server is healthy and checked, or when it failed or ran out of time.
+
+    :param server: ``ServerSpec.to_dict()`` of the server (URL, host, SSH connection, paths).
+    :param expected: ``ModelExpectation.to_dict()``: model name, context length, token budget.
+    :param deadline: Absolute time (epoch seconds) after which waiting fails; absolute so a
+        triggerer restart does not extend it.
+    :param api_key: Bearer key for ``/v1/models`` (``/health`` needs none).
+    :param poke_interval: Seconds between ``/health`` polls.
+    :param process_check_interval: Seconds between checks that the server process lives;
+        each costs one SSH command. 0 disables the check.
+    :param log_tail_lines: Lines of the server log included in a failure.
+
+    The event payload is ``{"status": "success"|"error", "server", "url", "message",
+    "models", "warnings", "elapsed_s"}``.
+    """
+
+    def __init__(
+        self,
+        *,
+        server: dict[str, Any],
+        expected: dict[str, Any],
+        deadline: float,
+        api_key: str | None = None,
+        poke_interval: float = 5.0,
+        process_check_interval: float = 15.0,
+        log_tail_lines: int = 60,
+        started_at: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.server = dict(server)
+        self.expected = dict(expected)
+        self.deadline = float(deadline)
+        self.api_key = api_key
+        self.poke_interval = float(poke_interval)
+        self.process_check_interval = float(process_check_interval)
+        self.log_tail_lines = int(log_tail_lines)
+        self.started_at = float(started_at if started_at is not None else time.time())
+        self._spec = ServerSpec.from_dict(self.server)
+        self._expectation = ModelExpectation.from_dict(self.expected)
+        self._last_health = "no answer yet"
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return this class's import path and its keyword arguments."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "server": self.server,
+                "expected": self.expected,
+                "deadline": self.deadline,
+                "api_key": self.api_key,
+                "poke_interval": self.poke_interval,
+                "process_check_interval": self.process_check_interval,
+                "log_tail_lines": self.log_tail_lines,
+                "started_at": self.started_at,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll until healthy, exited or past the deadline; yield exactly one event."""
+        next_process_check = 0.0  # check at the first poll that is not healthy
+        async with aiohttp.ClientSession() as session:
+            while True:
+                check_process = (
+                    self.process_check_interval > 0 and time.monotonic() >= next_process_check
+                )
+                result = await self.check_once(session, check_process=check_process)
+                if check_process:
+                    next_process_check = time.monotonic() + self.process_check_interval
+                if result["status"] != "waiting":
+                    yield TriggerEvent(result)
+                    return
+                await asyncio.sleep(max(0.0, min(self.poke_interval, self.deadline - time.time())))
+
+    async def check_once(
+        self, session: aiohttp.ClientSession, *, check_process: bool = False
+    ) -> dict[str, Any]:
+        """Check the server once; return an event payload whose status may be ``waiting``."""
+        spec = self._spec
+        status = await self._health(session)
+        if status == 200:
+            return await self._check_models(session)
+        if time.time() >= self.deadline:
+            waited = time.time() - self.started_at
+            return await self._error(
+                f"not healthy after {waited:.0f} s (/health: {self._last_health}); if the model "
+                "needs longer to load raise setting `launch_timeout_s`, else see the log"
+            )
+        if check_process:
+            try:
+                out = await run_host_command(spec, build_status_command(spec.paths))
+            except Exception as exc:  # the HTTP poll still decides; only log a broken check
+                log.warning("server %s: cannot check its process: %s", spec.name, exc)
+            else:
+                fields = parse_fields(out)
+                if fields.get("pid") and fields.get("alive") == "0":
+                    return await self._error(
+                        f"its process {fields['pid']} (pid file {spec.paths.pid_file}) exited "
+                        f"before /health answered 200 (/health: {self._last_health})"
+                    )
+        return self._payload("waiting", f"/health: {self._last_health}")
+
+    async def _health(self, session: aiohttp.ClientSession) -> int | None:
+        timeout = aiohttp.ClientTimeout(total=max(1.0, min(10.0, self.poke_interval * 2)))
+        try:
+            async with session.get(self._spec.url + "/health", timeout=timeout) as resp:
+                self._last_health = f"HTTP {resp.status}"
+                return resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self._last_health = f"{type(exc).__name__}"
+            return None
+
+    async def _check_models(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with session.get(
+                self._spec.url + "/v1/models",
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as resp:
+                if resp.status == 401:
+                    return self._payload(
+                        "error",
+                        "/v1/models answered 401 Unauthorized: setting `api_key` differs from "
+                        "the server's --api-key",
+                    )
+                if resp.status != 200:
+                    text = (await resp.text())[:300]
+                    return self._payload("error", f"/v1/models answered {resp.status}: {text}")
+                models = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return self._payload("error", f"/v1/models failed after /health 200: {exc!r}")
+        problems = check_served_model(models, self._expectation)
+        if problems:
+            return self._payload("error", "; ".join(problems), models=models)
+        return self._payload(
+            "success",
+            "healthy and serving the run's model",
+            models=models,
+            warnings=token_budget_warnings(self._expectation),
+        )
+
+    async def _error(self, reason: str) -> dict[str, Any]:
+        spec = self._spec
+        try:
+            tail = await run_host_command(
+                spec, build_log_tail_command(spec.paths.log_file, self.log_tail_lines)
+            )
+            tail = tail.rstrip() or "(empty or missing)"
+        except Exception as exc:
+            tail = f"(could not read it: {exc})"
+        return self._payload(
+            "error",
+            f"{reason}\n--- last {self.log_tail_lines} lines of {spec.paths.log_file} on "
+            f"{spec.host} ---\n{tail}",
+        )
+
+    def _payload(
+        self,
+        status: str,
+        message: str,
+        *,
+        models: Any = None,
+        warnings: list[str] | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "status": status,
+            "server": self._spec.name,
+            "url": self._spec.url,
+            "message": message,
+            "models": models,
+            "warnings": warnings or [],
+            "elapsed_s": round(time.time() - self.started_at, 3),
+        }

@@ -1,0 +1,407 @@
+"""Create-only object storage on S3 (or any S3-compatible endpoint) behind the ``Store`` protocol.
+
+Every write is conditional (``If-None-Match: *``), so a key that exists is never replaced,
+not even by a racing writer: S3 answers 412 and this store then compares the existing object
+with the new bytes (identical: the write counts as done; different: ``ObjectExistsError``).
+Objects above ``multipart_threshold`` go up in parts with the condition on the completing call.
+Each object carries its SHA-256 in user metadata (``x-amz-meta-sha256``) and is verified after
+upload (the server's SHA-256 checksum when it returns one, otherwise a read-back).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from include.storage.store import ObjectExistsError, StoreError, sha256_hex
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+#: S3 refuses parts below 5 MiB (except the last one).
+MIN_PART_SIZE = 5 * MiB
+DEFAULT_MULTIPART_THRESHOLD = 64 * MiB
+DEFAULT_PART_SIZE = 16 * MiB
+_READ_CHUNK = 8 * MiB
+#: Retries of a conditional write that S3 answered with 409 ConditionalRequestConflict (a
+#: concurrent conditional write of the same key was in flight).
+_CONFLICT_RETRIES = 5
+
+_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "403",
+        "Forbidden",
+        "ExpiredToken",
+        "InvalidToken",
+        "InvalidClientTokenId",
+    }
+)
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """Return ``(bucket, key_prefix)`` of ``s3://bucket/a/b``; the prefix has no edge slashes.
+
+    Raises StoreError for a URI without a bucket, or with empty or ``..`` path segments (S3
+    would take them literally, which makes protected-prefix checks unreliable).
+    """
+    if not uri.startswith("s3://"):
+        raise StoreError(f"{uri!r} is not an s3:// location")
+    rest = uri[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.rstrip("/")
+    if not bucket:
+        raise StoreError(f"{uri!r}: no bucket; expected s3://bucket/prefix")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise StoreError(
+            f"{uri!r}: empty, '.' or '..' path segments are not allowed in an s3:// location"
+        )
+    return bucket, prefix
+
+
+def make_s3_client(conn_id: str | None = "aws_default", endpoint_url: str | None = None) -> Any:
+    """Return a boto3 S3 client: from Airflow's ``S3Hook(conn_id)``, else plain boto3.
+
+    With ``endpoint_url`` given (tests, CLI), a plain client for that endpoint is built with
+    credentials from the environment. Otherwise the Airflow connection supplies endpoint,
+    region and credentials (``extra.endpoint_url``); without Airflow installed, boto3's default
+    chain applies.
+    """
+    import boto3
+
+    if endpoint_url is None and conn_id:
+        try:
+            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        except ImportError:
+            pass
+        else:
+            try:
+                return S3Hook(aws_conn_id=conn_id).get_conn()
+            except Exception as exc:  # the hook raises AirflowNotFoundException and friends
+                raise StoreError(
+                    f"cannot build an S3 client from Airflow connection {conn_id!r} "
+                    f"({type(exc).__name__}: {exc}); define it (AIRFLOW_CONN_{conn_id.upper()} "
+                    "or the Connections UI) with the endpoint URL in its extra"
+                ) from exc
+    return boto3.client("s3", endpoint_url=endpoint_url)
+
+
+class S3Store:
+    """A ``Store`` over ``s3://bucket/prefix``: create-only, verified, paginated listing."""
+
+    verifies_writes = True
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        client: Any | None = None,
+        conn_id: str | None = "aws_default",
+        endpoint_url: str | None = None,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        part_size: int = DEFAULT_PART_SIZE,
+    ) -> None:
+        """Open ``root``; no request is sent until ``check_access`` or the first operation.
+
+        ``client`` wins over ``conn_id``/``endpoint_url`` (see ``make_s3_client``).
+        ``part_size`` is raised to S3's 5 MiB minimum.
+        """
+        self.bucket, self.prefix = split_s3_uri(root)
+        self.root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self.conn_id = conn_id
+        self.client = client if client is not None else make_s3_client(conn_id, endpoint_url)
+        self.multipart_threshold = multipart_threshold
+        self.part_size = max(part_size, MIN_PART_SIZE)
+
+    # --- naming ---------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """Return the endpoint URL requests go to (for error messages)."""
+        return str(getattr(getattr(self.client, "meta", None), "endpoint_url", "?"))
+
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+            raise StoreError(f"refusing key {key!r}: keys are relative and never leave the root")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    # --- errors ---------------------------------------------------------------------------
+    def _error(self, exc: Exception, action: str, key: str | None = None) -> StoreError:
+        """Return a StoreError that names endpoint, bucket, location and the fix."""
+        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+        where = self.uri(key) if key else self.root
+        if isinstance(exc, NoCredentialsError):
+            return StoreError(
+                f"{action} {where} at endpoint {self.endpoint}: no credentials found; set the "
+                f"login/password of Airflow connection {self.conn_id!r} (or AWS credentials)"
+            )
+        if isinstance(exc, EndpointConnectionError):
+            return StoreError(
+                f"{action} {where}: cannot reach endpoint {self.endpoint}; check the "
+                f"endpoint_url in the extra of Airflow connection {self.conn_id!r}"
+            )
+        if isinstance(exc, ClientError):
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and key is None):
+                return StoreError(
+                    f"{action} {where}: bucket {self.bucket!r} does not exist at endpoint "
+                    f"{self.endpoint}; create it or fix the output location"
+                )
+            if code in _CREDENTIAL_CODES:
+                return StoreError(
+                    f"{action} {where}: endpoint {self.endpoint} refused the credentials for "
+                    f"bucket {self.bucket!r} ({code}); check the access key and secret (login/"
+                    f"password) of Airflow connection {self.conn_id!r} and that they may read "
+                    "and write this bucket"
+                )
+            return StoreError(f"{action} {where} at endpoint {self.endpoint} failed: {code} {exc}")
+        return StoreError(f"{action} {where} at endpoint {self.endpoint} failed: {exc}")
+
+    @staticmethod
+    def _code(exc: Exception) -> str:
+        response = getattr(exc, "response", None) or {}
+        return str(response.get("Error", {}).get("Code", ""))
+
+    def check_access(self) -> None:
+        """Raise StoreError now if the bucket is missing or the credentials are refused.
+
+        Call it before any work so that a misconfiguration fails the task at its start.
+        """
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise self._error(exc, "opening") from exc
+
+    # --- reads ----------------------------------------------------------------------------
+    def read(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        full = self._key(key)
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=full)["Body"].read()
+        except ClientError as exc:
+            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(self.uri(key)) from None
+            raise self._error(exc, "reading", key) from exc
+        except Exception as exc:
+            raise self._error(exc, "reading", key) from exc
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise self._error(exc, "inspecting", key) from exc
+        except Exception as exc:
+            raise self._error(exc, "inspecting", key) from exc
+
+    def exists(self, key: str) -> bool:
+        return self._head(key) is not None
+
+    def stored_sha256(self, key: str) -> str:
+        """Return the SHA-256 of the object's bytes, hashed while streaming it back."""
+        digest = hashlib.sha256()
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            for chunk in iter(lambda: body.read(_READ_CHUNK), b""):
+                digest.update(chunk)
+        except Exception as exc:
+            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(self.uri(key)) from None
+            raise self._error(exc, "reading", key) from exc
+        return digest.hexdigest()
+
+    def iter_keys(
+        self, prefix: str = "", *, start_after: str | None = None, page_size: int = 1000
+    ) -> Iterator[str]:
+        """Yield keys under ``prefix`` in S3 order (sorted), one page at a time.
+
+        ``prefix`` is a folder (``a`` lists ``a/...`` and a key ``a`` itself, not ``ab``).
+        ``start_after`` (a key relative to the root) resumes a listing, so a reader polling
+        a growing folder (e.g. journal parts) lists only what is new.
+        """
+        base = f"{self.prefix}/" if self.prefix else ""
+        folder = prefix.rstrip("/")
+        s3_prefix = base + folder
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": s3_prefix}
+        if start_after:
+            kwargs["StartAfter"] = base + start_after
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                **kwargs, PaginationConfig={"PageSize": page_size}
+            )
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    rel = obj["Key"][len(base) :]
+                    if not folder or rel == folder or rel.startswith(folder + "/"):
+                        yield rel
+        except Exception as exc:
+            raise self._error(exc, "listing", prefix or None) from exc
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(self.iter_keys(prefix))
+
+    # --- writes ---------------------------------------------------------------------------
+    def write_new(self, key: str, data: bytes) -> bool:
+        full = self._key(key)
+        digest = hashlib.sha256(data).digest()
+        sha_hex = digest.hex()
+        for attempt in range(_CONFLICT_RETRIES + 1):
+            try:
+                if len(data) > self.multipart_threshold:
+                    created = self._put_multipart(full, data, sha_hex)
+                else:
+                    created = self._put_single(full, data, digest)
+            except _Conflict:
+                # Another conditional write of this key is in flight; S3 asks us to retry.
+                time.sleep(0.05 * 2**attempt)
+                continue
+            if not created:
+                return self._settle_existing(key, data, sha_hex)
+            self._verify(key, sha_hex, created)
+            return True
+        raise StoreError(
+            f"writing {self.uri(key)}: S3 kept answering ConditionalRequestConflict; another "
+            "writer is writing this key right now. Retry the task."
+        )
+
+    def _put_single(self, full: str, data: bytes, digest: bytes) -> dict[str, Any] | None:
+        """Return the put response, or None when the key already exists (412)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.put_object(
+                Bucket=self.bucket,
+                Key=full,
+                Body=data,
+                IfNoneMatch="*",
+                ChecksumSHA256=base64.b64encode(digest).decode(),
+                Metadata={"sha256": digest.hex()},
+            )
+        except ClientError as exc:
+            code = self._code(exc)
+            if code == "PreconditionFailed":
+                return None
+            if code == "ConditionalRequestConflict":
+                raise _Conflict from exc
+            raise self._error(exc, "writing", self._rel(full)) from exc
+        except Exception as exc:
+            raise self._error(exc, "writing", self._rel(full)) from exc
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    def _put_multipart(self, full: str, data: bytes, sha_hex: str) -> dict[str, Any] | None:
+        """Upload in parts; return the completion, or None when the key already exists."""
+        from botocore.exceptions import ClientError
+
+        key = self._rel(full)
+        # A retried task would otherwise re-upload gigabytes only to be refused at completion.
+        if self._head(key) is not None:
+            return None
+        try:
+            upload_id = self.client.create_multipart_upload(
+                Bucket=self.bucket,
+                Key=full,
+                ChecksumAlgorithm="SHA256",
+                Metadata={"sha256": sha_hex},
+            )["UploadId"]
+        except Exception as exc:
+            raise self._error(exc, "starting multipart upload of", key) from exc
+        try:
+            parts = []
+            view = memoryview(data)
+            for number, start in enumerate(range(0, len(data), self.part_size), 1):
+                chunk = view[start : start + self.part_size]
+                part_sum = base64.b64encode(hashlib.sha256(chunk).digest()).decode()
+                reply = self.client.upload_part(
+                    Bucket=self.bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=bytes(chunk),
+                    ChecksumSHA256=part_sum,
+                )
+                parts.append(
+                    {
+                        "PartNumber": number,
+                        "ETag": reply["ETag"],
+                        "ChecksumSHA256": reply.get("ChecksumSHA256") or part_sum,
+                    }
+                )
+            return self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=full,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                IfNoneMatch="*",
+            )
+        except ClientError as exc:
+            self._abort(full, upload_id)
+            code = self._code(exc)
+            if code == "PreconditionFailed":
+                return None
+            if code == "ConditionalRequestConflict":
+                raise _Conflict from exc
+            raise self._error(exc, "uploading", key) from exc
+        except BaseException as exc:
+            self._abort(full, upload_id)
+            if isinstance(exc, Exception):
+                raise self._error(exc, "uploading", key) from exc
+            raise
+
+    def _abort(self, full: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+        except Exception:  # best effort: a lifecycle rule cleans up leftovers
+            log.warning("could not abort multipart upload %s of %s", upload_id, full)
+
+    def _settle_existing(self, key: str, data: bytes, sha_hex: str) -> bool:
+        """Return False if ``key`` holds ``data``; raise ObjectExistsError otherwise."""
+        head = self._head(key)
+        if head is None:  # deleted between our attempt and now: not ours to recreate silently
+            raise StoreError(f"writing {self.uri(key)}: refused as existing, then not found; retry")
+        if head.get("ContentLength") != len(data):
+            existing = head.get("Metadata", {}).get("sha256", "unknown")
+        else:
+            # Compare real bytes, not the recorded sha: the object may predate this store.
+            existing = self.stored_sha256(key)
+        if existing == sha_hex:
+            return False
+        raise ObjectExistsError(
+            f"{self.uri(key)} already exists with different content (sha256 {existing}, new "
+            f"{sha_hex}, {len(data)} bytes); nothing was overwritten. Write to a new run_name "
+            "(or output location) instead."
+        )
+
+    def _verify(self, key: str, sha_hex: str, response: dict[str, Any]) -> None:
+        """Raise StoreError unless the stored object's SHA-256 is ``sha_hex``."""
+        server_sum = response.get("ChecksumSHA256")
+        expected_b64 = base64.b64encode(bytes.fromhex(sha_hex)).decode()
+        if server_sum == expected_b64:
+            return  # the server hashed what it stored (single-part full-object checksum)
+        stored = self.stored_sha256(key)
+        if stored != sha_hex:
+            raise StoreError(
+                f"{self.uri(key)}: stored object has sha256 {stored}, expected {sha_hex}; the "
+                "upload was corrupted. Inspect the object before any retry (it is create-only)."
+            )
+
+
+class _Conflict(Exception):
+    """S3 answered 409 ConditionalRequestConflict: retry the conditional write."""
+
+
+__all__ = ["S3Store", "make_s3_client", "sha256_hex", "split_s3_uri"]

@@ -1,0 +1,291 @@
+"""Parse `python -m sglang_standin` arguments: SGLang's launch flags plus `--standin-*` ones.
+
+The stand-in accepts the same command line as `python -m sglang.launch_server`, so one
+launch-command builder serves both; SGLang flags it does not model are accepted, logged and
+ignored. Flags starting with `--standin-` exist only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sglang_standin import perf
+
+SglangVersion = Literal["v0.5.6", "head"]
+VERSIONS: tuple[str, ...] = ("v0.5.6", "head")
+DEFAULT_CONTEXT_LENGTH = 32768
+DEFAULT_PORT = 30000
+
+
+@dataclass
+class ServerConfig:
+    """Hold every setting of one stand-in server; `from_args` builds it from a command line."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    context_length: int | None = None
+    tp_size: int = 1
+    mem_fraction_static: float | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    log_level: str = "info"
+    chat_template: str | None = None
+    reasoning_parser: str | None = None
+    enable_metrics: bool = False
+    max_running_requests: int | None = None
+    max_queued_requests: int | None = None
+    # Stand-in only.
+    seed: int = 0
+    warmup_seconds: float = 0.5
+    default_context_length: int = DEFAULT_CONTEXT_LENGTH
+    version: SglangVersion = "v0.5.6"
+    length_check: SglangVersion | None = None
+    time_scale: float = 1.0
+    decode_base_ms: float = perf.DEFAULT_DECODE_BASE_S * 1000
+    decode_per_req_ms: float = perf.DEFAULT_DECODE_PER_REQ_S * 1000
+    prefill_per_token_us: float = perf.DEFAULT_PREFILL_PER_TOKEN_S * 1e6
+    max_total_num_tokens: int = perf.DEFAULT_MAX_TOTAL_NUM_TOKENS
+    median_output_tokens: float = 300.0
+    output_sigma: float = 0.9
+    max_output_tokens: int = 16384
+    zero_latency: bool = False
+    crash_after_requests: int | None = None
+    crash_after_seconds: float | None = None
+    hang_after_requests: int | None = None
+    hang_rate: float = 0.0
+    error_rate: float = 0.0
+    drop_rate: float = 0.0
+    slow_warmup_seconds: float = 0.0
+    ignored_args: list[str] = field(default_factory=list)
+
+    @property
+    def effective_served_model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def effective_tokenizer_path(self) -> str:
+        return self.tokenizer_path or self.model_path
+
+    @property
+    def effective_length_check(self) -> SglangVersion:
+        return self.length_check or self.version
+
+    @property
+    def effective_max_running_requests(self) -> int:
+        return self.max_running_requests or perf.DEFAULT_MAX_RUNNING_REQUESTS
+
+    def perf_model(self) -> perf.PerfModel:
+        """Return the performance model these settings describe."""
+        return perf.PerfModel(
+            decode_base_s=self.decode_base_ms / 1000,
+            decode_per_req_s=self.decode_per_req_ms / 1000,
+            prefill_per_token_s=self.prefill_per_token_us / 1e6,
+            max_running_requests=self.effective_max_running_requests,
+            max_total_num_tokens=self.max_total_num_tokens,
+            time_scale=self.time_scale,
+        )
+
+    def resolve_context_length(self) -> int:
+        """Return C: --context-length, else the model config's max_position_embeddings, else
+        --standin-default-context-length (SGLang likewise falls back to the model config)."""
+        if self.context_length is not None:
+            return self.context_length
+        config_path = Path(self.model_path) / "config.json"
+        if config_path.is_file():
+            try:
+                value = json.loads(config_path.read_text()).get("max_position_embeddings")
+            except ValueError:
+                value = None
+            if isinstance(value, int) and value > 0:
+                return value
+        return self.default_context_length
+
+    def sglang_args(self) -> dict[str, object]:
+        """Return the SGLang-named arguments as `/get_server_info` reports them (key masked)."""
+        data = asdict(self)
+        out = {k: data[k] for k in _SGLANG_FIELDS}
+        out["served_model_name"] = self.effective_served_model_name
+        out["tokenizer_path"] = self.effective_tokenizer_path
+        # The real server echoes the key; a test double has no reason to spread secrets.
+        out["api_key"] = None if self.api_key is None else "<redacted by stand-in>"
+        return out
+
+    def standin_args(self) -> dict[str, object]:
+        """Return the stand-in-only settings, each prefixed `standin_`."""
+        data = asdict(self)
+        out = {f"standin_{k}": data[k] for k in data if k not in _SGLANG_FIELDS}
+        out["standin_length_check"] = self.effective_length_check
+        out["standin_max_running_requests"] = self.effective_max_running_requests
+        return out
+
+
+_SGLANG_FIELDS = (
+    "model_path",
+    "tokenizer_path",
+    "host",
+    "port",
+    "context_length",
+    "tp_size",
+    "mem_fraction_static",
+    "served_model_name",
+    "api_key",
+    "log_level",
+    "chat_template",
+    "reasoning_parser",
+    "enable_metrics",
+    "max_running_requests",
+    "max_queued_requests",
+)
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a rate must be in [0, 1], got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser; abbreviations are off so SGLang flags never mis-match."""
+    p = argparse.ArgumentParser(
+        prog="python -m sglang_standin",
+        description="Stand-in for SGLang's HTTP server, for tests, benchmarks and the demo only.",
+        allow_abbrev=False,
+    )
+    g = p.add_argument_group("SGLang launch_server flags")
+    g.add_argument("--model-path", required=True, help="local directory holding a tokenizer")
+    g.add_argument("--tokenizer-path", default=None)
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT)
+    g.add_argument("--context-length", type=int, default=None)
+    g.add_argument(
+        "--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1
+    )
+    g.add_argument("--mem-fraction-static", type=float, default=None)
+    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--api-key", default=None)
+    g.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        help="path of a Jinja chat template file (named built-ins are not modelled)",
+    )
+    g.add_argument("--reasoning-parser", default=None)
+    g.add_argument("--enable-metrics", action="store_true")
+    g.add_argument("--max-running-requests", type=int, default=None)
+    g.add_argument("--max-queued-requests", type=int, default=None)
+
+    s = p.add_argument_group("stand-in only")
+    s.add_argument("--standin-seed", type=int, default=0)
+    s.add_argument(
+        "--standin-warmup-seconds",
+        type=float,
+        default=0.5,
+        help="time after the port opens until /health answers 200",
+    )
+    s.add_argument(
+        "--standin-default-context-length",
+        type=int,
+        default=DEFAULT_CONTEXT_LENGTH,
+        help="C when neither --context-length nor config.json gives one",
+    )
+    s.add_argument(
+        "--standin-version",
+        choices=VERSIONS,
+        default="v0.5.6",
+        help="SGLang release whose behaviour to copy where releases differ",
+    )
+    s.add_argument(
+        "--standin-length-check",
+        choices=VERSIONS,
+        default=None,
+        help="v0.5.6 rejects P+M >= C, head rejects P+M > C (default: --standin-version)",
+    )
+    s.add_argument(
+        "--standin-time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every modelled duration (0.01 makes a run 100x faster)",
+    )
+    s.add_argument("--standin-decode-base-ms", type=float, default=perf.DEFAULT_DECODE_BASE_S * 1e3)
+    s.add_argument(
+        "--standin-decode-per-req-ms", type=float, default=perf.DEFAULT_DECODE_PER_REQ_S * 1e3
+    )
+    s.add_argument(
+        "--standin-prefill-per-token-us", type=float, default=perf.DEFAULT_PREFILL_PER_TOKEN_S * 1e6
+    )
+    s.add_argument(
+        "--standin-max-total-num-tokens",
+        type=int,
+        default=perf.DEFAULT_MAX_TOTAL_NUM_TOKENS,
+        help="KV-cache capacity in tokens",
+    )
+    s.add_argument("--standin-median-output-tokens", type=float, default=300.0)
+    s.add_argument(
+        "--standin-output-sigma",
+        type=float,
+        default=0.9,
+        help="sigma of the lognormal natural output length",
+    )
+    s.add_argument(
+        "--standin-max-output-tokens",
+        type=int,
+        default=16384,
+        help="longest natural output before any max_tokens cap",
+    )
+    s.add_argument(
+        "--standin-zero-latency",
+        action="store_true",
+        help="answer at once, bypassing the performance model",
+    )
+    s.add_argument(
+        "--standin-crash-after-requests",
+        type=int,
+        default=None,
+        help="exit the process when generation request N+1 arrives",
+    )
+    s.add_argument(
+        "--standin-crash-after-seconds",
+        type=float,
+        default=None,
+        help="exit the process this long after the ready line",
+    )
+    s.add_argument(
+        "--standin-hang-after-requests",
+        type=int,
+        default=None,
+        help="after N generation requests, accept requests but never answer",
+    )
+    s.add_argument("--standin-hang-rate", type=_rate, default=0.0)
+    s.add_argument("--standin-error-rate", type=_rate, default=0.0, help="HTTP 500 at this rate")
+    s.add_argument(
+        "--standin-drop-rate",
+        type=_rate,
+        default=0.0,
+        help="close the connection instead of answering, at this rate",
+    )
+    s.add_argument(
+        "--standin-slow-warmup-seconds",
+        type=float,
+        default=0.0,
+        help="fault: extra warm-up time on top of --standin-warmup-seconds",
+    )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    """Parse `argv` into a ServerConfig; unknown flags land in `ignored_args`."""
+    ns, unknown = build_parser().parse_known_args(argv)
+    values = vars(ns)
+    kwargs: dict[str, object] = {}
+    for key, value in values.items():
+        kwargs[key.removeprefix("standin_")] = value
+    return ServerConfig(**kwargs, ignored_args=list(unknown))  # type: ignore[arg-type]

@@ -1,0 +1,103 @@
+"""Fixtures for the servers tier: a real sshd, a stand-in tokenizer and launch settings.
+
+Every server a test launches is stopped at teardown, whatever the test did, through the same
+pid files the launcher writes, so no stand-in outlives the session.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from include.servers.commands import ServerPaths, build_stop_command
+from include.servers.launcher import LocalRunner
+from include.settings import RunSettings
+from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401 - the fixture is used by name
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# The stand-in takes SGLang's flags; these make it fast and keep it offline.
+STANDIN_COMMAND = (
+    f"env PYTHONPATH={ROOT} HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "
+    f"{sys.executable} -m sglang_standin"
+)
+FAST_ARGS = ["--standin-warmup-seconds", "0.5", "--standin-zero-latency"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from sglang_standin.tokenizer import build_chat_tokenizer
+
+    return build_chat_tokenizer(tmp_path_factory.mktemp("tok") / "small")
+
+
+def free_port_block(count: int) -> int:
+    """Return a port P with P..P+count-1 free a moment ago (ports in the ephemeral range)."""
+    for _ in range(200):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            base = int(first.getsockname()[1])
+        if base + count > 65000:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError(f"no block of {count} free ports found")
+
+
+SettingsFactory = Callable[..., RunSettings]
+
+
+@pytest.fixture
+def make_settings(
+    tokenizer_dir: Path,
+    tmp_path: Path,
+    sshd: SshdServer,  # noqa: F811
+) -> Iterator[SettingsFactory]:
+    """Return a factory of launch settings for stand-ins on localhost over real SSH.
+
+    ``hosts`` overrides the GPU hosts (default: one host over SSH with GPUs 0 and 1). The
+    factory's port block is fixed per test, so relaunches reach the same servers.
+    """
+    base = free_port_block(4)
+    log_dir = tmp_path / "server logs"
+    used: list[int] = []
+
+    def factory(hosts: list[dict[str, Any]] | None = None, **values: Any) -> RunSettings:
+        hosts = hosts or [{"host": "127.0.0.1", "ssh_conn_id": sshd.conn_id, "gpus": [0, 1]}]
+        merged = {
+            "gpu_hosts": hosts,
+            "port_base": base,
+            "model_path": str(tokenizer_dir),
+            "served_model_name": "standin-qwen",
+            "context_length": 4096,
+            "max_tokens": 1024,
+            "server_log_dir": str(log_dir),
+            "server_launch_command": STANDIN_COMMAND,
+            "extra_server_args": FAST_ARGS,
+            "launch_timeout_s": 60,
+            **values,
+        }
+        settings = RunSettings.from_mapping(merged)
+        used.extend(g for h in settings.gpu_hosts for g in h.gpus)
+        return settings
+
+    yield factory
+    # Whatever happened in the test, stop every server on the block through its pid file.
+    runner = LocalRunner()
+    for gpu in sorted(set(used)):
+        runner.run(build_stop_command(ServerPaths(str(log_dir), base + gpu), grace_s=5))

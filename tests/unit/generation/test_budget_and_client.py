@@ -1,0 +1,96 @@
+"""Token budgets, SGLang's length errors, request bodies, metrics and the window controller."""
+
+from __future__ import annotations
+
+import pytest
+
+from include.generation.budget import token_budget
+from include.generation.client import (
+    ChatRequest,
+    build_body,
+    prompt_tokens_from_length_error,
+)
+from include.generation.pool import next_window, parse_metrics
+
+# The three texts, verbatim from SGLang (shared/docs/sglang-contract.md).
+TOO_LONG = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
+TOTAL = (
+    "Requested token count exceeds the model's maximum context length of 8192 tokens. You "
+    "requested a total of 8692 tokens: 500 tokens from the input messages and 8192 tokens for "
+    "the completion. Please reduce the number of tokens in the input messages or the "
+    "completion to fit within the limit."
+)
+NEAR = ("Input length (8190 tokens) exceeds the maximum allowed length (8186 tokens). Use a "
+        "shorter input or enable --allow-auto-truncate.")
+
+
+def test_the_real_runs_8192_cap_on_an_8192_context_never_asks_for_too_much() -> None:
+    for prompt_tokens in (1, 500, 4000, 7900):
+        b = token_budget(prompt_tokens, 8192, cap=8192, margin=16, min_completion=256)
+        assert b.skip_reason is None
+        assert prompt_tokens + b.max_tokens < 8192  # v0.5.6 rejects P + M >= C
+        assert b.max_tokens == min(8192, 8192 - prompt_tokens - 16)
+
+
+def test_cap_applies_when_there_is_room() -> None:
+    assert token_budget(100, 32768, cap=8192, margin=16, min_completion=256).max_tokens == 8192
+
+
+def test_prompt_leaving_too_little_room_is_skipped_with_the_numbers() -> None:
+    b = token_budget(8000, 8192, cap=8192, margin=16, min_completion=256)
+    assert b.skip_reason == "prompt_too_long"
+    assert "8000 tokens" in b.detail and "176" in b.detail and "256" in b.detail
+
+
+@pytest.mark.parametrize(("message", "p"), [(TOO_LONG, 9000), (TOTAL, 500), (NEAR, 8190)])
+def test_prompt_tokens_are_read_from_each_length_error(message: str, p: int) -> None:
+    assert prompt_tokens_from_length_error(message) == p
+
+
+def test_other_messages_are_not_length_errors() -> None:
+    assert prompt_tokens_from_length_error("Unauthorized") is None
+
+
+def test_body_carries_budget_sampling_and_thinking_switch() -> None:
+    req = ChatRequest("a", [{"role": "user", "content": "hi"}], 77,
+                      {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "enable_thinking": False},
+                      "m")
+    body = build_body(req)
+    assert body["max_tokens"] == 77 and body["model"] == "m" and body["top_k"] == 20
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    req2 = ChatRequest("a", [], 5, {"temperature": 0, "top_p": 1, "top_k": -1}, "m")
+    assert "top_k" not in build_body(req2) and "chat_template_kwargs" not in build_body(req2)
+
+
+def test_metrics_text_is_parsed_and_labels_summed() -> None:
+    text = (
+        "# HELP sglang:num_queue_reqs q\n# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{model_name="m"} 3.0\n'
+        'sglang:num_running_reqs{model_name="m"} 64\n'
+        'sglang:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 5\n'
+    )
+    m = parse_metrics(text)
+    assert m["sglang:num_queue_reqs"] == 3.0 and m["sglang:num_running_reqs"] == 64.0
+
+
+def test_window_grows_while_the_queue_is_empty_and_the_window_is_used() -> None:
+    assert next_window(32, 32, queue=0, running=32, low=8, high=512) == 48
+    assert next_window(32, 32, queue=1, running=32, low=8, high=512) == 40
+    # not using its window: no reason to grow
+    assert next_window(32, 10, queue=0, running=10, low=8, high=512) == 32
+
+
+def test_window_shrinks_when_the_queue_piles_up_and_respects_bounds() -> None:
+    assert next_window(200, 200, queue=100, running=64, low=8, high=512) < 200
+    assert next_window(10, 10, queue=500, running=64, low=8, high=512) == 8
+    assert next_window(510, 510, queue=0, running=64, low=8, high=512) == 512
+
+
+def test_window_converges_to_a_short_non_empty_queue_on_a_model_server() -> None:
+    # A server runs at most 64 requests; the rest of what the client sends waits in its queue.
+    window = 8
+    for _ in range(60):
+        running = min(window, 64)
+        queue = max(0, window - 64)
+        window = next_window(window, window, queue, running, low=8, high=512)
+    assert 64 <= window <= 64 + 3 * 4 + 16

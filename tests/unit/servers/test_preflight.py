@@ -1,0 +1,92 @@
+"""Preflight against small aiohttp servers: results table, 4xx messages, connection errors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from include.servers.preflight import PreflightError, PreflightResult, format_table, preflight
+
+LENGTH_ERROR = (
+    "Requested token count exceeds the model's maximum context length of 8192 tokens. You "
+    "requested a total of 8212 tokens: 20 tokens from the input messages and 8192 tokens for "
+    "the completion. Please reduce the number of tokens in the input messages or the completion "
+    "to fit within the limit."
+)
+
+
+def app(reject: bool) -> web.Application:
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "qwen", "max_model_len": 8192}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        if reject:
+            return web.json_response(
+                {"object": "error", "message": LENGTH_ERROR, "type": "BadRequestError",
+                 "param": None, "code": 400}, status=400,
+            )  # fmt: skip
+        assert body["max_tokens"] == 64 and body["temperature"] == 0.6
+        await asyncio.sleep(0.05)
+        return web.json_response(
+            {"choices": [{"finish_reason": "length", "message": {"content": "x"}}],
+             "usage": {"prompt_tokens": 20, "completion_tokens": 64}}
+        )  # fmt: skip
+
+    a = web.Application()
+    a.router.add_get("/v1/models", models)
+    a.router.add_post("/v1/chat/completions", chat)
+    return a
+
+
+async def run_with_servers(rejects: list[bool], **kwargs: Any) -> list[PreflightResult]:
+    runners, urls = [], []
+    for reject in rejects:
+        runner = web.AppRunner(app(reject))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        return await preflight(
+            urls + kwargs.pop("extra_urls", []),
+            [{"role": "user", "content": "hi"}],
+            64,
+            {"temperature": 0.6},
+            "qwen",
+            **kwargs,
+        )
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def test_results_and_table() -> None:
+    results = asyncio.run(run_with_servers([False, False]))
+    assert all(r.ok and r.context_length == 8192 and r.completion_tokens == 64 for r in results)
+    assert all(r.tokens_per_s and r.tokens_per_s > 0 for r in results)
+    table = format_table(results).splitlines()
+    assert table[0].split()[:3] == ["server", "model", "context"]
+    assert len(table) == 3 and "ok (length)" in table[1]
+
+
+def test_a_4xx_raises_with_the_servers_own_message() -> None:
+    with pytest.raises(PreflightError) as err:
+        asyncio.run(run_with_servers([False, True]))
+    assert LENGTH_ERROR in str(err.value)
+    assert "check `max_tokens`" in str(err.value)
+    assert [r.ok for r in err.value.results] == [True, False]
+
+
+def test_a_dead_server_is_reported_by_url() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with pytest.raises(PreflightError, match=f"- {dead}: ClientConnectorError"):
+        asyncio.run(run_with_servers([False], extra_urls=[dead], timeout=5))

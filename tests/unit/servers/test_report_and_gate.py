@@ -1,0 +1,160 @@
+"""Launch report data, the trigger's serialisation and the sensor's outcomes, without servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from include.servers.checks import ModelExpectation
+from include.servers.commands import ServerSpec, server_specs
+from include.servers.launcher import (
+    LaunchError,
+    LaunchReport,
+    ServerOutcome,
+    launch_servers,
+    stop_servers,
+)
+from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
+from include.servers.triggers import ServerHealthTrigger
+from include.settings import RunSettings
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
+    return ServerSpec("127.0.0.1", gpu, port, "ssh_gpu", "/tmp/sglang-regen", "nice -n 0")
+
+
+def report() -> LaunchReport:
+    e = ModelExpectation("qwen", 32768)
+    return LaunchReport(
+        [
+            ServerOutcome(spec(30000, 0), "started", True, 101, "log ..."),
+            ServerOutcome(spec(30001, 1), "reused", False, 55),
+            ServerOutcome(spec(30002, 2), "mismatched", False, None, "", ["max_model_len 4096"]),
+        ],
+        e,
+        1800.0,
+        owner="dag/run",
+    )
+
+
+def test_report_is_json_data_and_round_trips() -> None:
+    r = report()
+    data = json.loads(json.dumps(r.to_dict()))
+    back = LaunchReport.from_dict(data)
+    assert back == r
+    assert [s.server.port for s in back.started] == [30000]
+    assert [s.server.port for s in back.problems] == [30002]
+    assert back.urls == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    assert len(data["health_targets"]) == 3
+    assert data["health_targets"][0]["expected"]["model_name"] == "qwen"
+    assert "api_key" not in json.dumps(data)
+    assert "30002 (GPU 2): mismatched: max_model_len 4096" in r.summary()
+
+
+def test_raise_for_problems_lists_each_bad_server() -> None:
+    with pytest.raises(LaunchError, match="30002 \\(GPU 2\\): max_model_len 4096"):
+        report().raise_for_problems()
+
+
+def test_impossible_token_budget_fails_before_any_host_is_touched() -> None:
+    s = RunSettings.from_mapping(
+        {
+            "context_length": 8192,
+            "max_tokens": 8192,
+            "gpu_hosts": [{"host": "unreachable.invalid", "ssh_conn_id": "nope", "gpus": [0]}],
+        }
+    )
+    with pytest.raises(ValueError, match="`max_tokens` \\(8192\\) is not below"):
+        launch_servers(s)
+
+
+def test_stop_skips_servers_this_run_did_not_start() -> None:
+    r = report()
+    r.servers = [s for s in r.servers if not s.started_by_this_run]
+    out = stop_servers(r.to_dict())
+    assert out.stopped == [] and out.left_behind == [] and len(out.skipped) == 2
+
+
+def trigger(port: int, **kwargs: Any) -> ServerHealthTrigger:
+    s = ServerSpec("127.0.0.1", 0, port, None, "/nonexistent-dir")
+    return ServerHealthTrigger(
+        server=s.to_dict(),
+        expected=ModelExpectation("qwen", 4096, max_tokens=1024).to_dict(),
+        deadline=kwargs.pop("deadline", time.time() + 60),
+        **kwargs,
+    )
+
+
+def test_trigger_serialises_to_its_include_classpath() -> None:
+    t = trigger(30000, api_key="k", poke_interval=2)
+    path, kwargs = t.serialize()
+    assert path == "include.servers.triggers.ServerHealthTrigger"
+    json.dumps(kwargs)
+    again = ServerHealthTrigger(**kwargs)
+    assert again.serialize() == (path, kwargs)
+
+
+def test_trigger_gives_up_at_the_deadline_with_the_log_note() -> None:
+    port = free_port()  # nothing listens: connection refused counts as "not yet"
+    t = trigger(port, deadline=time.time() + 0.6, poke_interval=0.1, process_check_interval=0)
+
+    async def first() -> dict[str, Any]:
+        async for event in t.run():
+            return event.payload
+        raise AssertionError
+
+    started = time.monotonic()
+    payload = asyncio.run(first())
+    assert 0.5 < time.monotonic() - started < 5
+    assert payload["status"] == "error"
+    assert "not healthy after" in payload["message"] and "`launch_timeout_s`" in payload["message"]
+    assert f"server-{port}.log" in payload["message"]
+
+
+def sensor(port: int, **kwargs: Any) -> ServerHealthSensor:
+    t = trigger(port)
+    return ServerHealthSensor(
+        task_id="wait_for_server", server=t.server, expected=t.expected, **kwargs
+    )
+
+
+def test_sensor_defers_to_the_trigger_while_the_server_is_down() -> None:
+    s = sensor(free_port(), timeout_s=300, poke_interval=1)
+    with pytest.raises(TaskDeferred) as deferred:
+        s.execute({"params": {"api_key": "from-params"}})
+    t = deferred.value.trigger
+    assert isinstance(t, ServerHealthTrigger)
+    assert t.api_key == "from-params"
+    assert 290 < t.deadline - time.time() <= 300
+    assert deferred.value.method_name == "execute_complete"
+
+
+def test_sensor_turns_an_error_event_into_a_clear_failure() -> None:
+    s = sensor(30000)
+    event = {"status": "error", "server": "127.0.0.1:30000 (GPU 0)", "url": "http://x",
+             "message": "its process 12 exited\n--- last lines ---\nTraceback"}  # fmt: skip
+    with pytest.raises(ServerNotReadyError, match="30000 \\(GPU 0\\).*is not ready: its process"):
+        s.execute_complete({}, event)
+    with pytest.raises(ServerNotReadyError, match="no event"):
+        s.execute_complete({}, None)
+    ok = {"status": "success", "server": "s", "message": "fine", "warnings": ["tight"]}
+    assert s.execute_complete({}, ok) is ok
+
+
+def test_specs_from_settings_feed_the_sensor() -> None:
+    s = RunSettings.from_mapping({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0, 1]}]})
+    targets = [x.to_dict() for x in server_specs(s)]
+    assert ServerHealthSensor(task_id="t", server=targets[1], expected={}).server["port"] == 30001
