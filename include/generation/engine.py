@@ -28,6 +28,8 @@ from include.generation.pool import ServerPool, ServerState
 log = logging.getLogger(__name__)
 
 COMPLETED, SKIPPED, FAILED = "completed", "skipped", "failed"
+#: Prompts tokenized per planning step (see ``_Run._plan_more``).
+PLAN_CHUNK = 256
 
 
 class GenerationError(RuntimeError):
@@ -135,8 +137,9 @@ def check_accounting(prompt_ids: Sequence[str], records: dict[str, dict[str, Any
     if len(set(ids)) != len(ids):
         dupes = [i for i, n in collections.Counter(ids).items() if n > 1][:5]
         raise GenerationError(f"the shard holds duplicate prompt ids, e.g. {dupes}")
+    id_set = set(ids)
     missing = [i for i in ids if i not in records][:5]
-    extra = [i for i in records if i not in set(ids)][:5]
+    extra = [i for i in records if i not in id_set][:5]
     bad = [i for i, r in records.items() if r.get("status") not in (COMPLETED, SKIPPED, FAILED)]
     if missing or extra or bad:
         raise GenerationError(
@@ -164,6 +167,7 @@ class _Run:
         self.cfg = config
         self.headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self.pending: collections.deque[_Item] = collections.deque()
+        self.unplanned: collections.deque[dict[str, Any]] = collections.deque()
         self.delayed = 0
         self.in_flight = 0
         self.records: dict[str, dict[str, Any]] = {}
@@ -268,8 +272,8 @@ class _Run:
                 await self.pool.discover(session)
             except PermissionError as exc:
                 raise GenerationError(f"{self.shard_id}: {exc}") from None
-            context = self._context_length()
-            self._plan(todo, context)
+            self.unplanned = collections.deque(todo)
+            self._plan_more()
             self.pool.start(session)
             progress = asyncio.create_task(self._progress_loop())
             try:
@@ -296,9 +300,16 @@ class _Run:
                             "budgets use the smaller", url, value, context)
         return min([context, *reported.values()])
 
-    def _plan(self, todo: list[dict[str, Any]], context: int) -> None:
-        counts = self.count_tokens([p["messages"] for p in todo])
-        for record, p_tokens in zip(todo, counts, strict=True):
+    def _plan_more(self) -> None:
+        # Budgets are computed a chunk at a time, so the first requests go out after one
+        # chunk's tokenization instead of the whole shard's.
+        if not self.unplanned:
+            return
+        chunk = [self.unplanned.popleft()
+                 for _ in range(min(PLAN_CHUNK, len(self.unplanned)))]
+        context = self._context_length()
+        counts = self.count_tokens([p["messages"] for p in chunk])
+        for record, p_tokens in zip(chunk, counts, strict=True):
             budget = token_budget(p_tokens, context, self.cfg.max_tokens,
                                   self.cfg.context_margin, self.cfg.min_completion_tokens)
             item = _Item(record, p_tokens, budget.max_tokens)
@@ -309,8 +320,14 @@ class _Run:
 
     async def _dispatch(self, session: aiohttp.ClientSession, timeout: Any) -> None:
         all_down_since: float | None = None
-        while (self.pending or self.in_flight or self.delayed) and not self.fatal:
-            while self.pending:
+        while (
+            self.pending or self.unplanned or self.in_flight or self.delayed
+        ) and not self.fatal:
+            while True:
+                while not self.pending and self.unplanned:
+                    self._plan_more()
+                if not self.pending:
+                    break
                 server = self.pool.pick()
                 if server is None:
                     break

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import tempfile
 from array import array
@@ -115,23 +116,43 @@ class _Spool:
     def __init__(self, directory: str, name: str) -> None:
         self.path = Path(directory) / f"{name}.jsonl"
         self._fh = open(self.path, "wb")  # noqa: SIM115 - closed in finish()
+        self._size = 0  # counted here: BufferedWriter.tell() is a system call each time
         self.offsets = array("q")
 
     def add(self, line: bytes) -> None:
-        self.offsets.append(self._fh.tell())
+        self.offsets.append(self._size)
         self._fh.write(line)
+        self._size += len(line)
 
     def finish(self) -> None:
         self._fh.close()
         self.offsets.append(self.path.stat().st_size)
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+# One C encoder made once, instead of one per call as JSONEncoder.encode does (same bytes;
+# records come from parsed data, so they cannot be circular and need no circular check).
+_C_ENCODE = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None,
+    _JSON.default,
+    json.encoder.encode_basestring,
+    _JSON.indent,
+    _JSON.key_separator,
+    _JSON.item_separator,
+    _JSON.sort_keys,
+    _JSON.skipkeys,
+    _JSON.allow_nan,
+)
+
+
 def encode_record(record: dict[str, Any]) -> bytes:
-    """Return the one canonical JSON line for a record (sorted keys: byte-stable output)."""
-    return (
-        json.dumps(record, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-        + "\n"
-    ).encode("utf-8")
+    """Return the one canonical JSON line for a record (sorted keys: byte-stable output).
+
+    The same bytes as ``json.dumps(record, ensure_ascii=False, sort_keys=True,
+    separators=(",", ":"), default=str) + "\\n"`` in UTF-8.
+    """
+    text = "".join(_C_ENCODE(record, 0)) if _C_ENCODE else _JSON.encode(record)
+    return (text + "\n").encode("utf-8")
 
 
 def _length_counter(settings: RunSettings) -> tuple[str, Any]:
@@ -432,16 +453,19 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
 def _write_shards(
     store: Store, spools: list[_Spool], order: list[tuple[int, int]], size: int, n_shards: int
 ) -> list[dict[str, Any]]:
-    handles = [open(s.path, "rb") for s in spools]  # noqa: SIM115 - closed below
+    fds = [os.open(s.path, os.O_RDONLY) for s in spools]
+    offsets = [s.offsets for s in spools]
     try:
         shards = []
         for n in range(n_shards):
             lines = []
             for si, i in order[n * size : (n + 1) * size]:
-                offsets = spools[si].offsets
-                fh = handles[si]
-                fh.seek(offsets[i])
-                lines.append(fh.read(offsets[i + 1] - offsets[i]))
+                start = offsets[si][i]
+                length = offsets[si][i + 1] - start
+                line = os.pread(fds[si], length, start)
+                if len(line) != length:  # never seen on a local file; do not trust it
+                    raise PrepareError(f"spool {spools[si].path} was cut short; nothing written")
+                lines.append(line)
             data = b"".join(lines)
             created = store.write_new(shard_key(n), data)
             shards.append(
@@ -457,8 +481,8 @@ def _write_shards(
                 log.info("%s already written with identical content; kept", shard_key(n))
         return shards
     finally:
-        for fh in handles:
-            fh.close()
+        for fd in fds:
+            os.close(fd)
 
 
 def format_funnel(manifest: dict[str, Any]) -> str:

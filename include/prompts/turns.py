@@ -29,6 +29,8 @@ def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
     ``loss`` true; where the set has no loss flags, the first assistant turn),
     ``until_last_user`` (every turn up to the last user turn). Raises DropRow.
     """
+    if len(turns) == 1:
+        return _one_turn(turns[0], policy)
     mapped: list[tuple[str, RawTurn]] = []
     for turn in turns:
         role = ROLE_NAMES.get(turn.role.strip().lower())
@@ -61,11 +63,38 @@ def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
     if not messages[-1]["content"].strip() or all(not m["content"].strip() for m in messages):
         raise DropRow("empty", "the last prompt turn is empty or whitespace")
     for m in messages:
-        try:
-            m["content"].encode("utf-8")
-        except UnicodeEncodeError:
-            raise DropRow("malformed", "text holds invalid unicode (lone surrogates)") from None
+        _check_encodable(m["content"])
     return messages
+
+
+_POLICIES = ("first_user", "until_first_trained_assistant", "until_last_user")
+
+
+def _one_turn(turn: RawTurn, policy: str) -> list[Message]:
+    # The general path above, for the commonest case (flat datasets: one user turn), without
+    # its lists: every policy keeps a lone user turn whole. Same results, same errors, same
+    # order of checks (tests compare the two).
+    role = ROLE_NAMES.get(turn.role.strip().lower())
+    if role is None:
+        raise DropRow("unknown_role", f"role {turn.role!r}")
+    if role != "user":
+        raise DropRow("no_user_turn", f"roles {[role]}")
+    if policy not in _POLICIES:
+        raise ValueError(f"unknown multi_turn policy {policy!r}")
+    content = turn.content
+    if not content.strip():
+        raise DropRow("empty", "the last prompt turn is empty or whitespace")
+    _check_encodable(content)
+    return [{"role": "user", "content": content}]
+
+
+def _check_encodable(text: str) -> None:
+    if text.isascii():  # no surrogates possible
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DropRow("malformed", "text holds invalid unicode (lone surrogates)") from None
 
 
 _SPACE = re.compile(r"\s+")
