@@ -65,6 +65,7 @@ WHITESPACE_VARIANT_SHARE = 0.15
 PROMPT_WORDS = {"median": 27, "sigma": 0.9, "lo": 3, "hi": 2000}
 CODE_PROMPT_WORDS = {"median": 60, "sigma": 0.9, "lo": 5, "hi": 3000}
 ANSWER_WORDS = {"median": 110, "sigma": 0.8, "lo": 5, "hi": 3000}
+NON_ASCII_WORD_SHARE = 0.02
 ROW_GROUP = 20_000
 WIS_ROWS_PER_FILE = 180_000  # the real set is 13 files of ~180k rows
 RSS_TARGET_MB = 2048
@@ -101,10 +102,13 @@ class _Corpus:
 
         from synthetic_sources import _WORDS
 
-        vocab = np.array(
-            [*_WORDS, "naïve", "résumé", "数学", "函数", "计算", "Ｃａｆé", "x²", "≤", "∑"]
-        )
-        words = vocab[rng.integers(0, len(vocab), n_words)]
+        ascii_words = np.array(_WORDS)
+        other = np.array(["naïve", "résumé", "数学", "函数", "计算", "Ｃａｆé", "x²", "≤", "∑"])
+        words = ascii_words[rng.integers(0, len(ascii_words), n_words)]
+        # Some words in non-ASCII text (accents, CJK, maths symbols, full-width forms): about
+        # 40% of median-length prompts hold one, long prompts nearly always.
+        where = np.flatnonzero(rng.random(n_words) < NON_ASCII_WORD_SHARE)
+        words[where] = other[rng.integers(0, len(other), len(where))]
         self.text = " ".join(words.tolist())
         ends = np.cumsum(np.char.str_len(words) + 1)
         self.offsets = np.concatenate([[0], ends])
@@ -122,9 +126,7 @@ class _Corpus:
         return [t[x].upper() + t[x + 1 : y] + end for x, y in zip(a, b, strict=True)]
 
 
-def _add_duplicates(
-    rng: Any, prompts: list[str], share: float, earlier: list[str]
-) -> list[str]:
+def _add_duplicates(rng: Any, prompts: list[str], share: float, earlier: list[str]) -> list[str]:
     import numpy as np
 
     n = len(prompts)
@@ -181,6 +183,7 @@ def generate(directory: Path, total: int, seed: int) -> list[dict[str, Any]]:
         return (n - len(t), t) if n > 2 * len(t) else (n, [])
 
     sources: list[dict[str, Any]] = []
+    system = "You are a helpful assistant."
 
     # Infinity-Instruct 0625: parquet, `conversations` list of {from, value}.
     n, trap_rows = traps("infinity_instruct", counts["infinity_instruct"])
@@ -188,7 +191,7 @@ def generate(directory: Path, total: int, seed: int) -> list[dict[str, Any]]:
     follow = corpus.texts(rng, n, {"median": 8, "sigma": 0.5, "lo": 2, "hi": 50}, "?")
     convs = []
     for i in range(n):
-        conv = [{"from": "system", "value": "You are a helpful assistant."}] if more[i, 0] < 0.1 else []
+        conv = [{"from": "system", "value": system}] if more[i, 0] < 0.1 else []
         conv += [{"from": "human", "value": ps[i]}, {"from": "gpt", "value": ans[i]}]
         if more[i, 1] < 0.2:
             conv += [{"from": "human", "value": follow[i]}, {"from": "gpt", "value": follow[i]}]
@@ -210,8 +213,16 @@ def generate(directory: Path, total: int, seed: int) -> list[dict[str, Any]]:
         trap_rows,
     )
     del convs, ps, ans, follow
-    sources.append({"name": "infinity_instruct", "kind": "infinity_instruct", "config": "0625",
-                    "path": str(path), "format": "parquet", "prompt": "conversations"})
+    sources.append(
+        {
+            "name": "infinity_instruct",
+            "kind": "infinity_instruct",
+            "config": "0625",
+            "path": str(path),
+            "format": "parquet",
+            "prompt": "conversations",
+        }
+    )
 
     # WebInstructSub: parquet in several files, flat `question`.
     n, trap_rows = traps("webinstructsub", counts["webinstructsub"])
@@ -235,14 +246,22 @@ def generate(directory: Path, total: int, seed: int) -> list[dict[str, Any]]:
             trap_rows if f == n_files - 1 else [],
         )
     del ps, ans, src
-    sources.append({"name": "webinstructsub", "kind": "webinstructsub", "path": str(wis),
-                    "format": "parquet", "prompt": "question"})
+    sources.append(
+        {
+            "name": "webinstructsub",
+            "kind": "webinstructsub",
+            "path": str(wis),
+            "format": "parquet",
+            "prompt": "question",
+        }
+    )
 
     # CodeFeedback: one JSON Lines file, flat `query`.
     n = counts["codefeedback"]
     ps, ans = prompts("codefeedback", n, CODE_PROMPT_WORDS), answers(n)
-    res, lang = choice(["wizardcoder", "sharegpt", "evolinstruct"], n), choice(
-        ["python", "sql", "javascript"], n
+    res, lang = (
+        choice(["wizardcoder", "sharegpt", "evolinstruct"], n),
+        choice(["python", "sql", "javascript"], n),
     )
     path = directory / "codefeedback.jsonl"
     write_jsonl(
@@ -252,8 +271,15 @@ def generate(directory: Path, total: int, seed: int) -> list[dict[str, Any]]:
             for q, a, r, g in zip(ps, ans, res, lang, strict=True)
         ],
     )
-    sources.append({"name": "codefeedback", "kind": "codefeedback", "path": str(path),
-                    "format": "jsonl", "prompt": "query"})
+    sources.append(
+        {
+            "name": "codefeedback",
+            "kind": "codefeedback",
+            "path": str(path),
+            "format": "jsonl",
+            "prompt": "query",
+        }
+    )
 
     # MetaMathQA: ONE JSON array, flat `query`.
     n = counts["metamathqa"]
@@ -267,23 +293,45 @@ def generate(directory: Path, total: int, seed: int) -> list[dict[str, Any]]:
             for q, a, t in zip(ps, ans, typ, strict=True)
         ],
     )
-    sources.append({"name": "metamathqa", "kind": "metamathqa", "path": str(path),
-                    "format": "json", "prompt": "query"})
+    sources.append(
+        {
+            "name": "metamathqa",
+            "kind": "metamathqa",
+            "path": str(path),
+            "format": "json",
+            "prompt": "query",
+        }
+    )
 
     # Hermes function calling and AgentInstruct: small, from the reference generators.
     n, trap_rows = traps("hermes_function_calling", counts["hermes_function_calling"])
     hermes = list(rows("hermes_function_calling", n, seed, DUP_SHARE["hermes_function_calling"]))
     path = directory / "hermes_func_calling.json"
     write_json_array(path, hermes + trap_rows)
-    sources.append({"name": "hermes_fc", "kind": "hermes_function_calling",
-                    "config": "func_calling", "path": str(path), "format": "json",
-                    "prompt": "conversations"})
+    sources.append(
+        {
+            "name": "hermes_fc",
+            "kind": "hermes_function_calling",
+            "config": "func_calling",
+            "path": str(path),
+            "format": "json",
+            "prompt": "conversations",
+        }
+    )
     path = directory / "agentinstruct_os.parquet"
     write_parquet(
         path, list(rows("agentinstruct", counts["agentinstruct"], seed, DUP_SHARE["agentinstruct"]))
     )
-    sources.append({"name": "agentinstruct", "kind": "agentinstruct", "config": "os",
-                    "path": str(path), "format": "parquet", "prompt": "conversations"})
+    sources.append(
+        {
+            "name": "agentinstruct",
+            "kind": "agentinstruct",
+            "config": "os",
+            "path": str(path),
+            "format": "parquet",
+            "prompt": "conversations",
+        }
+    )
     for s in sources:
         s["rows"] = counts[_KIND_OF[s["name"]]]
     return sources
@@ -425,8 +473,15 @@ def _spawn(job: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
         "TMPDIR": str(work),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_prepare", "--child", job, "--spec",
-         str(spec_path)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_prepare",
+            "--child",
+            job,
+            "--spec",
+            str(spec_path),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -439,9 +494,7 @@ def _spawn(job: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
 
 def _table(rows: list[tuple[str, str, str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(
-        f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}" for r in rows
-    )
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}" for r in rows)
 
 
 def _reuse(work: Path, rows: int, seed: int) -> list[dict[str, Any]] | None:
@@ -486,9 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dumps({"rows": args.rows, "seed": args.seed, "sources": sources})
             )
         gen_seconds = time.perf_counter() - t0
-        data_mb = sum(
-            f.stat().st_size for f in (work / "data").rglob("*") if f.is_file()
-        ) / 2**20
+        data_mb = sum(f.stat().st_size for f in (work / "data").rglob("*") if f.is_file()) / 2**20
         print(
             f"generated {args.rows} rows ({data_mb:.0f} MB on disk) in {gen_seconds:.1f} s: "
             + ", ".join(f"{s['name']} {s['rows']} ({s['format']})" for s in sources),
@@ -497,8 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = {"sources": sources, "shard_size": args.shard_size, "seed": args.seed}
         ours = _spawn("ours", spec, work)
         base = (
-            {"seconds": float("nan"), "peak_rss_mb": float("nan"), "read": 0, "kept": 0,
-             "shards": 0}
+            {
+                "seconds": float("nan"),
+                "peak_rss_mb": float("nan"),
+                "read": 0,
+                "kept": 0,
+                "shards": 0,
+            }
             if args.skip_baseline
             else _spawn("baseline", spec, work)
         )

@@ -2,24 +2,47 @@
 ### Regenerate speculative-decoding drafter training data with the target model
 
 Prompts from six instruction datasets are extracted, filtered, deduplicated, sampled per
-source and cut into shards; each shard is then answered by the target model on SGLang
-servers, and the answers become the `input_ids` + `loss_mask` a drafter (DFlash, EAGLE-style)
-trains on.
+source and cut into shards; each shard is answered by the target model on SGLang servers
+(one per GPU), and the answers become the `input_ids` + `loss_mask` a drafter (DFlash,
+EAGLE-style) trains on.
 
-**Stages in this DAG now:** `prepare_prompts` (writes `prompts/shard-NNNNN.jsonl` and
-`prompts/manifest.json` under `output_uri/run_name`, with the funnel of every source).
+```
+check_settings ─┬─ prepare_prompts ──────────────────────────────┐
+                └─ launch_servers (setup) ─ wait_for_server[i] ─ preflight ─┐
+                                                                 shard[shard-NNNNN]:
+                                         generate ─ upload ─ tokenize  (mapped, depth-first)
+                                                                   └─ stop_servers (teardown)
+```
+
+* **prepare_prompts** writes `prompts/shard-NNNNN.jsonl` + `prompts/manifest.json` under
+  `output_uri/run_name` (or reuses them when they exist with the same preparation settings).
+* **launch_servers** starts one SGLang server per GPU over SSH (reusing servers that already
+  serve this model); **wait_for_server** gates on `/health` and on the model name and
+  context length each server reports; **preflight** sends the run's longest prompt to each.
+* **shard** runs once per shard: generate (journaled, resumable), upload (create-only,
+  checksummed), tokenize (checked masks). **stop_servers** stops only what this run started,
+  whatever happened to the run.
 
 Every setting is a field of the trigger form; the same names work in
-`airflow dags trigger -c '{"shard_size": 500}'` and are documented in `README.md`. A wrong
-setting fails the first task before any work, naming the setting and the accepted values.
+`airflow dags trigger regenerate_drafter_data -c '{"shard_range": "120-179"}'`. See README.md.
 """
 
 from __future__ import annotations
 
-import pendulum
-from airflow.sdk import dag, task
+import os
 
+import pendulum
+from airflow.sdk import dag, get_current_context, setup, task, task_group, teardown
+
+from include.servers.sensor import ServerHealthSensor
 from include.settings import airflow_params
+
+#: Shards generated at once per run; they share the servers, so one shard's drain overlaps
+#: the next one's start. A deployment setting (task arguments are fixed at parse time).
+MAX_ACTIVE_SHARDS = int(os.environ.get("REGEN_MAX_ACTIVE_SHARDS", "3"))
+#: Wait for servers in the triggerer (no worker slot held while a model loads); set
+#: REGEN_DEFER_HEALTH_GATE=false where no triggerer runs.
+DEFER_HEALTH_GATE = os.environ.get("REGEN_DEFER_HEALTH_GATE", "true").lower() != "false"
 
 
 @dag(
@@ -33,16 +56,118 @@ from include.settings import airflow_params
 )
 def regenerate_drafter_data() -> None:
     @task
-    def prepare_prompts(params: dict | None = None) -> list[str]:
-        """Extract, filter, dedupe and shard the prompts; return the shard ids."""
-        from include.prompts import prepare_prompts
+    def check_settings(params: dict | None = None) -> None:
+        """Fail before any work if a setting is wrong; log the resolved settings."""
+        from include.settings import log_settings
+
+        log_settings(params)
+
+    @task
+    def prepare_prompts(params: dict | None = None, run_id: str | None = None) -> list[dict]:
+        """Extract, filter, dedupe and shard the prompts (or reuse them); pick the shards.
+
+        Returns one ``{"shard_id", "outputs_uri"}`` per shard to run.
+        """
+        from include.prompts.plan import plan_run
+        from include.settings import RunSettings
+
+        return plan_run(RunSettings.from_mapping(params), run_id or "manual")
+
+    @setup
+    def launch_servers(params: dict | None = None, run_id: str | None = None) -> dict:
+        """Start (or reuse) one server per GPU; return what was started, for teardown."""
+        from include.servers.launcher import launch_servers
+        from include.settings import RunSettings
+
+        report = launch_servers(RunSettings.from_mapping(params),
+                                owner=f"regenerate_drafter_data/{run_id}")
+        print(report.summary())
+        return report.to_dict()
+
+    @task
+    def health_targets(report: dict) -> list[dict]:
+        """Fail on servers that cannot serve this run; return one sensor target per server."""
+        from include.servers.launcher import LaunchReport
+
+        LaunchReport.from_dict(report).raise_for_problems()
+        return report["health_targets"]
+
+    @task
+    def preflight(report: dict, plan: list[dict], params: dict | None = None) -> list[str]:
+        """Send the run's longest prompt to every server; return the server URLs."""
+        from include.prompts import read_shard_by_id
+        from include.prompts.plan import open_run_store
+        from include.servers.launcher import LaunchReport
+        from include.servers.preflight import preflight_run
         from include.settings import RunSettings
 
         settings = RunSettings.from_mapping(params)
-        manifest = prepare_prompts(settings)
-        return [shard["shard_id"] for shard in manifest["shards"]]
+        urls = LaunchReport.from_dict(report).urls
+        if plan:
+            prompts = read_shard_by_id(open_run_store(settings), plan[0]["shard_id"])
+            print(preflight_run(settings, urls, prompts))
+        return urls
 
-    prepare_prompts()
+    @task_group(group_id="shard")
+    def per_shard(shard_id: str, servers: list[str], outputs_uri: str) -> None:
+        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, map_index_template="{{ shard }}")
+        def generate(shard_id: str, servers: list[str], outputs_uri: str,
+                     params: dict | None = None) -> str:
+            """Generate the shard's completions into its journal (resumes after a retry)."""
+            from include.generation.shard import generate_shard
+            from include.prompts.plan import open_run_store
+            from include.settings import RunSettings
+
+            get_current_context()["shard"] = shard_id
+            settings = RunSettings.from_mapping(params)
+            generate_shard(settings, shard_id, servers, open_run_store(settings, outputs_uri),
+                           open_run_store(settings))
+            return shard_id
+
+        @task(map_index_template="{{ shard }}")
+        def upload(shard_id: str, outputs_uri: str, params: dict | None = None) -> str:
+            """Publish the shard's completions create-only, with checksums."""
+            from include.generation.shard import publish_shard
+            from include.prompts.plan import open_run_store
+            from include.settings import RunSettings
+
+            get_current_context()["shard"] = shard_id
+            settings = RunSettings.from_mapping(params)
+            publish_shard(shard_id, open_run_store(settings, outputs_uri),
+                          open_run_store(settings))
+            return shard_id
+
+        @task(map_index_template="{{ shard }}")
+        def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None) -> dict:
+            """Tokenize the shard into input_ids + loss_mask, checked token by token."""
+            from include.prompts.plan import open_run_store
+            from include.settings import RunSettings
+            from include.tokenization.stage import tokenize_run_shard
+
+            get_current_context()["shard"] = shard_id
+            settings = RunSettings.from_mapping(params)
+            return tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
+
+        tokenize(upload(generate(shard_id, servers, outputs_uri), outputs_uri), outputs_uri)
+
+    @teardown
+    def stop_servers(report: dict) -> None:
+        """Stop exactly the servers this run started and confirm they are gone."""
+        from include.servers.launcher import stop_servers
+
+        print(stop_servers(report).to_dict())
+
+    settings_ok = check_settings()
+    plan = prepare_prompts()
+    launched = launch_servers()
+    settings_ok >> [plan, launched]
+    waited = ServerHealthSensor.partial(
+        task_id="wait_for_server", deferrable=DEFER_HEALTH_GATE, poke_interval=2
+    ).expand_kwargs(health_targets(launched))
+    servers = preflight(launched, plan)
+    waited >> servers
+    shards = per_shard.partial(servers=servers).expand_kwargs(plan)
+    shards >> stop_servers(launched)
 
 
 regenerate_drafter_data()

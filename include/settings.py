@@ -55,6 +55,7 @@ def _setting(
     maximum: float | None = None,
     choices: tuple[str, ...] | None = None,
     pattern: str | None = None,
+    accepted: str | None = None,
 ) -> Any:
     meta = {
         "title": title,
@@ -64,6 +65,7 @@ def _setting(
         "maximum": maximum,
         "choices": choices,
         "pattern": pattern,
+        "accepted": accepted or "lowercase letters, digits, '_' and '-'",
     }
     if isinstance(default, list | dict):
         return field(default_factory=lambda: json.loads(json.dumps(default)), metadata=meta)
@@ -252,12 +254,6 @@ class RunSettings:
         section="Model and servers",
         minimum=256,
     )
-    server_urls: list[str] = _setting(
-        [],
-        title="Server URLs",
-        description="Base URLs of running servers (overrides the launched ones).",
-        section="Model and servers",
-    )
     api_key: str | None = _setting(
         None,
         title="API key",
@@ -265,10 +261,10 @@ class RunSettings:
         section="Model and servers",
     )
     gpu_hosts: list[GpuHostSettings] = _setting(
-        [],
+        [{"host": "127.0.0.1", "ssh_conn_id": None, "gpus": [0, 1, 2, 3, 4, 5, 6, 7]}],
         title="GPU hosts",
-        description="Hosts to launch servers on, each with its GPUs; empty when server_urls "
-        "names running servers.",
+        description="Hosts to run servers on, each with its GPUs; a server already running "
+        "there with the run's model and context length is reused.",
         section="Model and servers",
     )
     port_base: int = _setting(
@@ -452,6 +448,23 @@ class RunSettings:
         section="Generation",
         minimum=0.1,
     )
+    # --- Shards -------------------------------------------------------------------------
+    shard_range: str | None = _setting(
+        None,
+        title="Shard range",
+        description="Only these shards, e.g. '120-179' or '0-9,42'; empty for all. Prompt "
+        "shards of an earlier run with the same preparation settings are reused.",
+        section="Shards",
+        pattern=r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$",
+        accepted="shard numbers and ranges, e.g. '120-179' or '0-9,42'",
+    )
+    force_regenerate: bool = _setting(
+        False,
+        title="Force regeneration",
+        description="Generate the selected shards again into a new location "
+        "(regenerations/<run id>/ under the run), never over earlier outputs.",
+        section="Shards",
+    )
     # --- Output --------------------------------------------------------------------------
     output_uri: str = _setting(
         str(REPO_ROOT / "var" / "runs"),
@@ -543,6 +556,23 @@ class RunSettings:
         """Return the name the servers must report (served name, else the model path)."""
         return self.served_model_name or self.model_path
 
+    def shard_numbers(self, total: int) -> list[int]:
+        """Return the shard indices ``shard_range`` selects out of ``total`` (all if unset)."""
+        if not self.shard_range:
+            return list(range(total))
+        chosen: set[int] = set()
+        for part in self.shard_range.replace(" ", "").split(","):
+            first, _, last = part.partition("-")
+            lo, hi = int(first), int(last or first)
+            if lo > hi or hi >= total:
+                raise SettingsError(
+                    f"setting `shard_range`: {part!r} is outside the {total} shards of this run "
+                    f"(0-{total - 1})" if hi >= total else
+                    f"setting `shard_range`: {part!r} runs backwards; write it low-high"
+                )
+            chosen.update(range(lo, hi + 1))
+        return sorted(chosen)
+
     @property
     def run_uri(self) -> str:
         """Return the location all of this run's outputs live under."""
@@ -577,6 +607,21 @@ class RunSettings:
                 f"setting `max_prompt_length`: {self.max_prompt_length} is below "
                 f"`min_prompt_length` ({self.min_prompt_length})"
             )
+
+
+def log_settings(values: Mapping[str, Any] | None) -> RunSettings:
+    """Validate settings and log them resolved (secrets masked); return them."""
+    import logging
+
+    settings = RunSettings.from_mapping(values)
+    data = settings.to_dict()
+    if data.get("api_key"):
+        data["api_key"] = "***"
+    logging.getLogger(__name__).info(
+        "resolved settings (run location %s):\n%s", settings.run_uri,
+        "\n".join(f"  {k} = {json.dumps(v)}" for k, v in data.items()),
+    )
+    return settings
 
 
 #: Settings that decide which prompts exist and how they are sharded; equal fingerprints mean
@@ -629,7 +674,7 @@ def _coerce(name: str, value: Any, f: dataclasses.Field, owner: type = RunSettin
             raise SettingsError(f"setting `{name}`: got {out!r}; accepted: <= {meta['maximum']}")
         if meta.get("pattern") and not re.match(meta["pattern"], str(out)):
             raise SettingsError(
-                f"setting `{name}`: got {out!r}; accepted: lowercase letters, digits, '_' and '-'"
+                f"setting `{name}`: got {out!r}; accepted: {meta['accepted']}"
             )
     return out
 

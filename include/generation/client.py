@@ -87,10 +87,11 @@ def build_body(request: ChatRequest) -> dict[str, Any]:
         "model": request.model,
         "messages": request.messages,
         "max_tokens": request.max_tokens,
-        "temperature": sampling["temperature"],
-        "top_p": sampling["top_p"],
         "stream": False,
     }
+    for name in ("temperature", "top_p"):
+        if name in sampling:
+            body[name] = sampling[name]
     if sampling.get("top_k", -1) != -1:
         body["top_k"] = sampling["top_k"]
     if "enable_thinking" in sampling:

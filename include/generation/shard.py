@@ -37,15 +37,18 @@ def generate_shard(
     shard_id: str,
     server_urls: list[str],
     store: Store | None = None,
+    prompts_store: Store | None = None,
     **engine_overrides: Any,
 ) -> dict[str, Any]:
     """Generate a shard's completions into its journal; return a summary for XCom and logs.
 
-    A shard whose output manifest exists is done and is not run again. Otherwise the engine
-    resumes from the journal in the run's store, so a retry on any worker picks up where the
-    last try stopped.
+    ``store`` is where outputs go (default: the run's location), ``prompts_store`` where the
+    prompt shards are (default: ``store``). A shard whose output manifest exists is done and
+    is not run again. Otherwise the engine resumes from the journal in ``store``, so a retry
+    on any worker picks up where the last try stopped.
     """
     store = store or open_store(settings.run_uri)
+    prompts_store = prompts_store or store
     _, manifest_key = output_keys(shard_id)
     if store.exists(manifest_key):
         manifest = json.loads(store.read(manifest_key))
@@ -54,7 +57,7 @@ def generate_shard(
     from include.tokenization import count_prompt_tokens, load_tokenizer
 
     tokenizer = load_tokenizer(settings.tokenizer_path or settings.model_path)
-    prompts = read_shard_by_id(store, shard_id)
+    prompts = read_shard_by_id(prompts_store, shard_id)
     config = EngineConfig.from_settings(settings, **engine_overrides)
     log.info(
         "%s: %d prompts -> %d servers %s | model %s, context_length %d, max_tokens cap %d, "
@@ -115,6 +118,28 @@ def build_shard_output(
         "servers": sorted({r["server"] for r in records.values() if r.get("server")}),
     }
     return data, manifest
+
+
+def publish_shard(
+    shard_id: str, store: Store, prompts_store: Store | None = None
+) -> dict[str, Any]:
+    """Build a shard's completions file from its journal and publish it create-only.
+
+    Checks the accounting first (every prompt exactly once), writes
+    ``generated/<shard>.jsonl`` then its manifest (the commit marker), verifies checksums,
+    and returns the manifest. Safe to retry: identical bytes count as written.
+    """
+    from include.prompts import read_shard_by_id
+    from include.prompts.prepare import shard_index
+    from include.storage.publish import publish_generated_shard
+
+    prompts = read_shard_by_id(prompts_store or store, shard_id)
+    data, manifest = build_shard_output(shard_id, prompts, load_journal_records(store, shard_id))
+    result = publish_generated_shard(store, shard_index(shard_id), data, manifest)
+    log.info("%s: published %d completions (%d skipped, %d failed) to %s", shard_id,
+             manifest["counts"][COMPLETED], manifest["counts"][SKIPPED],
+             manifest["counts"][FAILED], store.uri(output_keys(shard_id)[0]))
+    return result.manifest
 
 
 def load_journal_records(store: Store, shard_id: str) -> dict[str, dict[str, Any]]:

@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
+
+from include.generation.client import ChatRequest, send_chat
 
 
 class PreflightError(RuntimeError):
@@ -46,23 +47,10 @@ class PreflightResult:
         return asdict(self)
 
 
-def _error_message(body: Any, text: str) -> str:
-    """Return the message of an SGLang error body (flat on /v1, nested elsewhere) or the text."""
-    if isinstance(body, dict):
-        if isinstance(body.get("message"), str):
-            return body["message"]
-        err = body.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(err, str):
-            return err
-    return text.strip()[:500]
-
-
 async def _one(
     session: aiohttp.ClientSession,
     url: str,
-    payload: dict[str, Any],
+    request: ChatRequest,
     headers: dict[str, str],
 ) -> PreflightResult:
     base = url.rstrip("/")
@@ -72,31 +60,23 @@ async def _one(
             if resp.status == 200:
                 models = await resp.json(content_type=None)
                 data = models.get("data") or [{}]
-                match = next((m for m in data if m.get("id") == payload["model"]), data[0])
+                match = next((m for m in data if m.get("id") == request.model), data[0])
                 result.model = match.get("id")
                 result.context_length = match.get("max_model_len")
-        started = time.perf_counter()
-        async with session.post(
-            base + "/v1/chat/completions", json=payload, headers=headers
-        ) as resp:
-            text = await resp.text()
-            result.latency_s = time.perf_counter() - started
-            result.status = resp.status
-            try:
-                body = await resp.json(content_type=None)
-            except ValueError:
-                body = None
-            if resp.status != 200:
-                result.error = f"HTTP {resp.status}: {_error_message(body, text)}"
-                return result
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        result.error = f"/v1/models: {type(exc).__name__}: {exc}"
         return result
-    usage = (body or {}).get("usage") or {}
-    choices = (body or {}).get("choices") or [{}]
-    result.prompt_tokens = usage.get("prompt_tokens")
-    result.completion_tokens = usage.get("completion_tokens")
-    result.finish_reason = choices[0].get("finish_reason")
+    # The same request code the engine uses, so preflight exercises the real path.
+    answer = await send_chat(session, base, request, headers)
+    result.status = answer.status
+    result.latency_s = answer.latency_s
+    if not answer.ok:
+        status = f"HTTP {answer.status}: " if answer.status else ""
+        result.error = f"{status}{answer.error}"
+        return result
+    result.prompt_tokens = answer.usage.get("prompt_tokens")
+    result.completion_tokens = answer.usage.get("completion_tokens")
+    result.finish_reason = answer.finish_reason
     if result.completion_tokens and result.latency_s:
         result.tokens_per_s = result.completion_tokens / result.latency_s
     result.ok = True
@@ -114,18 +94,18 @@ async def preflight(
 ) -> list[PreflightResult]:
     """Send one chat completion to every server at once; return one result per URL, in order.
 
-    ``sampling`` holds extra request fields (``temperature``, ``top_p``, ``top_k``,
-    ``chat_template_kwargs``...). ``timeout`` bounds each server's two requests. Raise
-    PreflightError when any server fails; a 4xx message is the server's own text, so a
-    length rejection reads as SGLang wrote it.
+    ``sampling`` holds the run's sampling settings (``temperature``, ``top_p``, ``top_k``,
+    ``enable_thinking``), sent exactly as the engine sends them. ``timeout`` bounds each
+    server's two requests. Raise PreflightError when any server fails; a 4xx message is the
+    server's own text, so a length rejection reads as SGLang wrote it.
     """
-    payload = {**sampling, "model": model, "messages": messages, "max_tokens": max_tokens}
+    request = ChatRequest("preflight", messages, max_tokens, sampling, model)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     connector = aiohttp.TCPConnector(limit=max(1, len(urls)))
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)
     ) as session:
-        results = list(await asyncio.gather(*(_one(session, u, payload, headers) for u in urls)))
+        results = list(await asyncio.gather(*(_one(session, u, request, headers) for u in urls)))
     failed = [r for r in results if not r.ok]
     if failed:
         client_errors = any(r.status is not None and 400 <= r.status < 500 for r in failed)
@@ -166,3 +146,50 @@ def format_table(results: list[PreflightResult]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
     )
+
+
+def longest_prompt(
+    prompts: list[dict[str, Any]], count_tokens: Any, settings: Any, candidates: int = 32
+) -> tuple[dict[str, Any], int, int]:
+    """Return the prompt with the most tokens that still gets a budget, its P and its budget.
+
+    Only the ``candidates`` longest by characters are tokenized. Raise ValueError when no
+    prompt fits at all (every one would be skipped as too long).
+    """
+    from include.generation.budget import token_budget
+
+    by_chars = sorted(prompts, key=lambda p: -sum(len(m["content"]) for m in p["messages"]))
+    pool = by_chars[:candidates]
+    counts = count_tokens([p["messages"] for p in pool])
+    ranked = sorted(zip(counts, range(len(pool)), strict=True), reverse=True)
+    for p_tokens, i in ranked:
+        budget = token_budget(p_tokens, settings.context_length, settings.max_tokens,
+                              settings.context_margin, settings.min_completion_tokens)
+        if not budget.skip_reason:
+            return pool[i], p_tokens, budget.max_tokens
+    raise ValueError(
+        f"none of the {len(pool)} longest prompts fits: each leaves less than "
+        f"min_completion_tokens ({settings.min_completion_tokens}) under context_length "
+        f"({settings.context_length}); raise context_length or lower max_prompt_length"
+    )
+
+
+def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]]) -> str:
+    """Preflight every server with the run's longest prompt; return the table for the log.
+
+    The prompt goes out with its real token budget and the run's sampling settings. Raise
+    PreflightError on any failure.
+    """
+    from include.tokenization import count_prompt_tokens, load_tokenizer
+
+    tok = load_tokenizer(settings.tokenizer_path or settings.model_path)
+    prompt, p_tokens, max_tokens = longest_prompt(
+        prompts, lambda convs: count_prompt_tokens(tok, convs, settings.enable_thinking), settings
+    )
+    sampling = {"temperature": settings.temperature, "top_p": settings.top_p,
+                "top_k": settings.top_k, "enable_thinking": settings.enable_thinking}
+    results = asyncio.run(preflight(urls, prompt["messages"], max_tokens, sampling,
+                                    settings.model_name, settings.api_key,
+                                    timeout=settings.request_timeout_s))
+    return (f"preflight prompt {prompt['id']}: {p_tokens} prompt tokens, max_tokens "
+            f"{max_tokens}\n" + format_table(results))

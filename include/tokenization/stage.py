@@ -27,8 +27,10 @@ sample whose junction cannot be proven cheaply is encoded whole and checked lite
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +39,8 @@ from itertools import chain
 from typing import Any, Literal
 
 from include.tokenization.tokenizer import TokenizerError
+
+log = logging.getLogger(__name__)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -614,3 +618,21 @@ def tokenize_shard(
         manifest,
     )
     return published.manifest
+
+
+@functools.lru_cache(maxsize=2)
+def _chat_tokenizer(path: str) -> ChatTokenizer:
+    from include.tokenization.tokenizer import load_tokenizer
+
+    return ChatTokenizer(load_tokenizer(path))
+
+
+def tokenize_run_shard(settings: Any, shard_id: str, store: Any) -> dict[str, Any]:
+    """Tokenize one shard of a run with the run's tokenizer and settings; return its manifest."""
+    from include.prompts.prepare import shard_index
+
+    tokenizer = _chat_tokenizer(settings.tokenizer_path or settings.model_path)
+    manifest = tokenize_shard(store, shard_index(shard_id), tokenizer,
+                              TokenizeOptions.from_settings(settings))
+    log.info("%s: tokenized %s", shard_id, json.dumps(manifest["counts"]))
+    return manifest

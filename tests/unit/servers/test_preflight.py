@@ -88,5 +88,5 @@ def test_a_dead_server_is_reported_by_url() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    with pytest.raises(PreflightError, match=f"- {dead}: ClientConnectorError"):
+    with pytest.raises(PreflightError, match=f"- {dead}: /v1/models: ClientConnectorError"):
         asyncio.run(run_with_servers([False], extra_urls=[dead], timeout=5))

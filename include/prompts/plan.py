@@ -1,0 +1,107 @@
+"""Decide what a run does: prepare or reuse prompt shards, and which shards to generate.
+
+A run's prompt shards live at ``<run>/prompts/``. If they are already there (an earlier run
+with the same ``run_name``), they are reused when they were prepared with the same
+preparation settings, and the run refuses to start otherwise: the existing shards are never
+overwritten and never silently mixed with other settings. ``shard_range`` then picks shards,
+and shards whose tokenized manifest already exists are reported complete and skipped, unless
+``force_regenerate`` sends the selected shards to a new location under the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from include.prompts.prepare import MANIFEST_KEY, PrepareError, prepare_prompts, shard_id
+from include.settings import PREPARATION_SETTINGS, RunSettings
+from include.storage import Store, open_store
+
+log = logging.getLogger(__name__)
+
+
+def outputs_uri(settings: RunSettings, run_id: str) -> str:
+    """Return where this run writes journals, completions and tokenized shards.
+
+    Normally the run's own location; with ``force_regenerate`` a fresh folder named after the
+    Airflow run id, so earlier outputs of the same shards stay untouched.
+    """
+    if not settings.force_regenerate:
+        return settings.run_uri
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_") or "manual"
+    return f"{settings.run_uri}/regenerations/{safe}"
+
+
+def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
+    """Return the store at ``uri`` (default: the run's location), protected prefixes enforced."""
+    return open_store(
+        uri or settings.run_uri,
+        s3_conn_id=settings.s3_conn_id,
+        protected_prefixes=tuple(settings.protected_prefixes),
+    )
+
+
+def _differences(existing: dict[str, Any], settings: RunSettings) -> list[str]:
+    ours = {n: settings.to_dict()[n] for n in PREPARATION_SETTINGS}
+    theirs = existing.get("preparation_settings", {})
+    return [n for n in PREPARATION_SETTINGS if ours.get(n) != theirs.get(n)]
+
+
+def prepare_or_reuse(settings: RunSettings, store: Store | None = None) -> dict[str, Any]:
+    """Return the prompt manifest of the run, preparing the shards only if none exist yet."""
+    store = store or open_run_store(settings)
+    if store.exists(MANIFEST_KEY):
+        manifest = json.loads(store.read(MANIFEST_KEY))
+        if manifest.get("preparation_fingerprint") == settings.fingerprint(PREPARATION_SETTINGS):
+            log.info("prompt shards already prepared at %s with the same preparation settings; "
+                     "reusing %d shards", store.uri(MANIFEST_KEY), len(manifest["shards"]))
+            return manifest
+        raise PrepareError(
+            f"prompt shards at {store.uri(MANIFEST_KEY)} were prepared with other settings "
+            f"(different: {_differences(manifest, settings)}). Use the same preparation "
+            "settings to reuse them (e.g. for a shard_range backfill), or a new run_name."
+        )
+    return prepare_prompts(settings, store)
+
+
+def select_shards(
+    settings: RunSettings, manifest: dict[str, Any], outputs: Store
+) -> dict[str, Any]:
+    """Return the shards this run generates, and those it skips as already complete.
+
+    A shard is complete when its tokenized manifest exists (the last file the shard's chain
+    writes). Empty shards are never scheduled.
+    """
+    total = len(manifest["shards"])
+    chosen = settings.shard_numbers(total)
+    todo, complete = [], []
+    for n in chosen:
+        sid = shard_id(n)
+        if manifest["shards"][n]["count"] == 0:
+            continue
+        if outputs.exists(f"tokenized/{sid}.manifest.json"):
+            complete.append(sid)
+        else:
+            todo.append(sid)
+    log.info(
+        "shards: %d in the run, %d selected (%s), %d already complete and skipped%s, %d to run",
+        total, len(chosen), settings.shard_range or "all", len(complete),
+        f" ({', '.join(complete[:10])}{'...' if len(complete) > 10 else ''})" if complete
+        else "", len(todo),
+    )
+    return {"shards": todo, "complete": complete, "total_shards": total}
+
+
+def plan_run(settings: RunSettings, run_id: str) -> list[dict[str, str]]:
+    """Prepare or reuse the prompt shards; return ``{"shard_id", "outputs_uri"}`` per shard to run.
+
+    This is the prepare task's whole body: its return value is what the per-shard task group
+    is mapped over.
+    """
+    manifest = prepare_or_reuse(settings)
+    outputs = outputs_uri(settings, run_id)
+    plan = select_shards(settings, manifest, open_run_store(settings, outputs))
+    log.info("outputs of this run go to %s", outputs)
+    return [{"shard_id": sid, "outputs_uri": outputs} for sid in plan["shards"]]
