@@ -537,6 +537,9 @@ class RunSettings:
         for f in dataclasses.fields(cls):
             if f.name in values and values[f.name] is not None:
                 kwargs[f.name] = _coerce(f.name, values[f.name], f)
+            elif f.default_factory is not dataclasses.MISSING:
+                # Defaults of nested settings are plain data; coerce them like given values.
+                kwargs[f.name] = _coerce(f.name, f.default_factory(), f)
         settings = cls(**kwargs)
         settings._check()
         return settings
