@@ -88,20 +88,29 @@ def iter_batches(
     columns nobody reads (answers, mostly) are never turned into Python objects. Rows from the
     row-by-row JSON fallback always hold every field (``select`` is not called there).
     """
+    columns: list[str] | None = None  # the source's columns, when known before loading
+    wanted: list[str] | None = None
     if source.path:
         files = resolve_files(source)
         builder = _BUILDERS[Path(files[0]).suffix]
+        if builder == "parquet" and select is not None:
+            # Parquet files are read column by column: choose the columns from the schema
+            # and the first row, then load only those (not the answers next to the prompts).
+            try:
+                columns, first = _probe_parquet(files)
+            except Exception as exc:  # same message as a failed load below
+                raise _parquet_error(source, files, exc) from exc
+            if columns is not None and first is not None:  # else: choose after loading
+                wanted = _chosen(columns, select(columns, first))
+            else:
+                columns = None
         try:
-            dataset = _load_local(builder, files)
+            dataset = _load_local(builder, files, wanted if wanted != columns else None)
         except SourceReadError:
             raise
         except Exception as exc:  # datasets/pyarrow raise many types for one bad file
             if builder != "json":
-                raise SourceReadError(
-                    f"source {source.name!r}: cannot read {files} as parquet "
-                    f"({type(exc).__name__}: {exc}). Check the file is complete and not "
-                    "corrupted."
-                ) from exc
+                raise _parquet_error(source, files, exc) from exc
             log.warning(
                 "source %s: datasets could not load %s (%s: %s); reading it row by row",
                 source.name,
@@ -113,15 +122,14 @@ def iter_batches(
             return
     else:
         dataset = _load_hub(source)
-    columns = list(dataset.column_names)
-    wanted = columns
-    if select is not None and len(dataset):
-        chosen = select(columns, dataset[0])
-        if chosen is not None:
-            keep = set(chosen)
-            wanted = [c for c in columns if c in keep] or columns
+    if columns is None:
+        columns = list(dataset.column_names)
+        if select is not None and len(dataset):
+            wanted = _chosen(columns, select(columns, dataset[0]))
             if wanted != columns:
                 dataset = dataset.select_columns(wanted)
+    if wanted is None:
+        wanted = columns
     start = 0
     for batch in dataset.iter(batch_size=batch_size):
         values = [batch[c] for c in wanted]
@@ -130,10 +138,36 @@ def iter_batches(
         start += len(rows)
 
 
-def _load_local(builder: str, files: list[str]) -> Any:
+def _chosen(columns: list[str], chosen: Sequence[str] | None) -> list[str]:
+    if chosen is None:
+        return columns
+    keep = set(chosen)
+    return [c for c in columns if c in keep] or columns
+
+
+def _parquet_error(source: SourceSettings, files: list[str], exc: Exception) -> SourceReadError:
+    return SourceReadError(
+        f"source {source.name!r}: cannot read {files} as parquet "
+        f"({type(exc).__name__}: {exc}). Check the file is complete and not corrupted."
+    )
+
+
+def _probe_parquet(files: list[str]) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """Return the columns and the first row of parquet files, streamed (no cache written)."""
     import datasets
 
     datasets.disable_progress_bars()
+    stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    names = stream.column_names
+    return (list(names) if names is not None else None), next(iter(stream), None)
+
+
+def _load_local(builder: str, files: list[str], columns: list[str] | None = None) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    if columns is not None:  # parquet only
+        return datasets.load_dataset(builder, data_files=files, split="train", columns=columns)
     return datasets.load_dataset(builder, data_files=files, split="train")
 
 

@@ -6,7 +6,6 @@ pid files the launcher writes, so no stand-in outlives the session.
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from include.servers.commands import ServerPaths, build_stop_command
 from include.servers.launcher import LocalRunner
 from include.settings import RunSettings
+from tests.fixtures.ports import free_port_block
 from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401 - the fixture is used by name
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,29 +34,6 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from sglang_standin.tokenizer import build_chat_tokenizer
 
     return build_chat_tokenizer(tmp_path_factory.mktemp("tok") / "small")
-
-
-def free_port_block(count: int) -> int:
-    """Return a port P with P..P+count-1 free a moment ago (ports in the ephemeral range)."""
-    for _ in range(200):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            base = int(first.getsockname()[1])
-        if base + count > 65000:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError(f"no block of {count} free ports found")
 
 
 SettingsFactory = Callable[..., RunSettings]

@@ -1,0 +1,72 @@
+"""The finished dataset as an Airflow Asset, updated only by a run that passed its gates.
+
+The DAG's run name is chosen at trigger time, so the dataset's URI is not known when the DAG
+is parsed: the report task declares the static alias ``DATASET_ALIAS`` as its outlet and, on
+pass, attaches an event for ``dataset_asset(settings)`` to it. A run that fails its gates
+raises before that, and a failed task emits no asset event at all.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: The report task's outlet; a training DAG may schedule on it (every dataset) or on
+#: ``Asset(dataset_asset_uri(settings))`` (one run name's dataset).
+DATASET_ALIAS = "regenerated_drafter_data"
+
+
+def dataset_asset_uri(settings: Any) -> str:
+    """Return the URI of a run's finished dataset: ``<run location>/tokenized``.
+
+    ``s3://bucket/prefix/<run_name>/tokenized`` for S3 outputs, ``file:///abs/<run_name>/
+    tokenized`` for local ones. It names the run's dataset, not one Airflow run's folder: a
+    backfill or a forced regeneration of the same run updates the same asset (the event's
+    extra says which outputs location and report it came from).
+    """
+    base = settings.run_uri
+    if base.startswith("s3://"):
+        return base.rstrip("/") + "/tokenized"
+    return "file://" + os.path.abspath(base) + "/tokenized"
+
+
+def dataset_asset_name(settings: Any) -> str:
+    """Return the Asset name of a run's dataset (``drafter_data/<run_name>``)."""
+    return f"drafter_data/{settings.run_name}"
+
+
+def dataset_asset(settings: Any) -> Any:
+    """Return the ``airflow.sdk.Asset`` of a run's finished dataset."""
+    from airflow.sdk import Asset
+
+    return Asset(name=dataset_asset_name(settings), uri=dataset_asset_uri(settings))
+
+
+def asset_event_extra(summary: dict[str, Any]) -> dict[str, Any]:
+    """Return the asset event's extra: where the outputs and report are, and the counts."""
+    run = summary["run"]
+    return {
+        "run_name": run["run_name"],
+        "airflow_run_id": run["airflow_run_id"],
+        "outputs_uri": run["outputs_uri"],
+        "report_uri": summary["report_uri"],
+        "shards_produced": summary["shards_produced"],
+        "shards_reused": summary["shards_reused"],
+        "samples": summary["tokenized"]["written"],
+        "tokens": summary["tokenized"]["tokens"],
+    }
+
+
+def emit_dataset_event(outlet_events: Any, settings: Any, summary: dict[str, Any]) -> bool:
+    """Attach the dataset's asset event to the ``DATASET_ALIAS`` outlet if the run passed.
+
+    ``outlet_events`` is the task context's ``outlet_events``. Returns False (and attaches
+    nothing) when the summary did not pass its gates.
+    """
+    if not summary.get("passed"):
+        return False
+    from airflow.sdk import AssetAlias
+
+    outlet_events[AssetAlias(DATASET_ALIAS)].add(dataset_asset(settings),
+                                                 extra=asset_event_extra(summary))
+    return True

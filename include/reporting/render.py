@@ -1,0 +1,168 @@
+"""Render a report as Markdown and as a standalone HTML page (same sections, same numbers)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+Block = tuple[str, Any]
+
+
+def _reasons(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "-"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return "-" if v is None else str(v)
+
+
+def blocks(report: dict[str, Any]) -> list[Block]:
+    """Return the report as a list of ``(kind, content)`` blocks: h1/h2/p/table/img."""
+    run, shards = report["run"], report["shards"]
+    out: list[Block] = [
+        ("h1", f"Run report: {run['run_name']} ({run['airflow_run_id']})"),
+        ("p", f"**{'PASSED' if report['passed'] else 'FAILED'}** quality gates. Outputs: "
+              f"`{run['outputs_uri']}`. Shards: {len(shards['produced'])} produced, "
+              f"{len(shards['reused'])} reused as already complete, {shards['in_run']} in the "
+              f"run (shard_range: {run['shard_range'] or 'all'}). Servers: model "
+              f"{', '.join(report['servers']['models']) or '-'}, context length "
+              f"{report['servers']['context_length']} (from "
+              f"{report['servers']['context_length_from']})."),
+        ("h2", "Quality gates"),
+        ("table", (["gate", "measured", "threshold", "result", "top contributors"],
+                   [[g["name"], _fmt(g["measured"]), _fmt(g["threshold"]),
+                     "pass" if g["passed"] else "FAIL",
+                     ", ".join(f"{c['name']} ({c['count']})" for c in g["contributors"]) or "-"]
+                    for g in report["gates"]])),
+        ("h2", "Funnel per source"),
+    ]
+    f = report["funnel"]
+    srcs = sorted(set(f["prepare"]) | set(f["generation"]) | set(f["tokenization"]))
+    rows = []
+    for s in srcs:
+        p, g, t = f["prepare"].get(s, {}), f["generation"].get(s, {}), f["tokenization"].get(s, {})
+        rows.append([s, _fmt(p.get("read")), _fmt(p.get("kept")),
+                     _reasons(p.get("dropped", {})), _fmt(g.get("sent", 0)),
+                     _fmt(g.get("completed", 0)), _fmt(g.get("truncated", 0)),
+                     _reasons(g.get("skipped_by_reason", {})),
+                     _reasons(g.get("failed_by_reason", {})), _fmt(t.get("written", 0)),
+                     _reasons({**t.get("quarantined_by_reason", {}),
+                               **t.get("dropped_by_reason", {})})])
+    out.append(("table", (["source", "read", "kept", "dropped (prepare)", "sent", "completed",
+                           "truncated", "skipped", "failed", "tokenized",
+                           "quarantined/dropped (tokenize)"], rows)))
+    gt, tt = report["generation"]["totals"], report["tokenization"]["totals"]
+    out.append(("p", f"Totals (from the shard manifests): {gt['prompts']:,} prompts, "
+                     f"{gt['sent']:,} sent, {gt['completed']:,} completed, {gt['truncated']:,} "
+                     f"truncated, {gt['skipped']:,} skipped, {gt['failed']:,} failed; "
+                     f"{tt['written']:,} tokenized samples, {tt['quarantined']:,} quarantined "
+                     f"({_reasons(tt['quarantined_by_reason'])}), {tt['dropped']:,} dropped "
+                     f"({_reasons(tt['dropped_by_reason'])})."))
+    tp = report["throughput"]
+    tok = report["tokens"]
+    out += [
+        ("h2", "Tokens and throughput"),
+        ("p", f"Prompt tokens {tok['prompt_tokens']:,}, completion tokens "
+              f"{tok['completion_tokens']:,}; tokenized set {tt['tokens']:,} tokens "
+              f"({tt['loss_tokens']:,} in the loss). This run's shards: "
+              f"{tp['output_tokens']:,} output tokens in {tp['wall_s']:,.1f} s = "
+              f"{tp['output_tokens_per_s']:,.1f} tok/s. Retries: "
+              f"{tp['retries']['extra_attempts']} extra attempts on "
+              f"{tp['retries']['prompts_retried']} prompts."),
+        ("img", "throughput.png"),
+    ]
+    ej = report["servers"]["ejections"]
+    out.append(("table", (["server", "completed", "output tokens", "tok/s", "idle tail s",
+                           "ejections"],
+                          [[srv, _fmt(v["completed"]), _fmt(v["output_tokens"]),
+                            _fmt(v["output_tokens_per_s"]), _fmt(v["idle_tail_s"]),
+                            _fmt(ej.get(srv, 0)) if ej is not None else "not recorded"]
+                           for srv, v in tp["per_server"].items()])))
+    dr = tp["drains"]
+    if dr.get("per_shard"):
+        out.append(("p", f"Drains: the run's last request started {dr['run_drain_s']:.1f} s "
+                         f"before the end; servers sat idle {dr['idle_server_seconds']:.1f} "
+                         f"server-seconds waiting for it ({dr['idle_fraction']:.1%} of server "
+                         "time). Per shard (last start to last finish): "
+                         + ", ".join(f"{k} {v['drain_s']:.1f}s"
+                                     for k, v in dr["per_shard"].items()) + "."))
+    out += [("h2", "Lengths per source (tokens)")]
+    rows = []
+    for src, v in report["lengths"].items():
+        tl = report["tokenized_lengths"].get(src, {})
+        rows.append([src] + [_fmt(v[k][q]) for k in ("prompt_tokens", "completion_tokens")
+                             for q in ("mean", "p50", "p90", "max")]
+                    + [_fmt(tl.get(q)) for q in ("count", "mean", "p50", "p90", "p99", "max")])
+    out.append(("table", (["source", "prompt mean", "p50", "p90", "max", "completion mean",
+                           "p50", "p90", "max", "tokenized n", "mean", "p50", "p90", "p99",
+                           "max"], rows)))
+    out += [("img", "prompt_tokens.png"), ("img", "completion_tokens.png"),
+            ("img", "tokenized_length.png")]
+    if shards["reused"] or shards["missing_outputs"]:
+        out.append(("p", f"Reused shards: {', '.join(shards['reused']) or '-'}. Shards missing "
+                         f"outputs: {', '.join(shards['missing_outputs']) or '-'}."))
+    bad = [c for c in report["consistency"] if not c["ok"]]
+    out.append(("p", "Consistency between manifests, journals and parquet: "
+                     + ("all checks agree." if not bad else
+                        "; ".join(f"{c['check']}: {c['left']} != {c['right']}" for c in bad))))
+    out.append(("p", "Each figure's single source of truth is listed in report.json under "
+                     "`sources_of_truth`."))
+    return [b for b in out if b[0] != "img" or b[1] in report.get("plots", [])]
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """Return the report as Markdown (images referenced by relative file name)."""
+    lines: list[str] = []
+    for kind, content in blocks(report):
+        if kind == "h1":
+            lines += [f"# {content}", ""]
+        elif kind == "h2":
+            lines += [f"## {content}", ""]
+        elif kind == "p":
+            lines += [content, ""]
+        elif kind == "img":
+            lines += [f"![{content}]({content})", ""]
+        else:
+            head, rows = content
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    # The only inline markup the blocks use: **bold** and `code`.
+    parts = html.escape(text).split("**")
+    text = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    parts = text.split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """Return the report as one HTML page (images referenced by relative file name)."""
+    body: list[str] = []
+    for kind, content in blocks(report):
+        if kind in ("h1", "h2"):
+            body.append(f"<{kind}>{html.escape(content)}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{_inline(content)}</p>")
+        elif kind == "img":
+            body.append(f'<img src="{html.escape(content)}" alt="{html.escape(content)}">')
+        else:
+            head, rows = content
+            body.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+                        + "</tr>" + "".join("<tr>" + "".join(
+                            f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+                        + "</table>")
+    style = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+             "table{border-collapse:collapse;font-size:13px;margin:.5em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}img{max-width:100%}")
+    title = html.escape(f"Report {report['run']['run_name']}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

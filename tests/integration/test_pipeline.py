@@ -1,0 +1,213 @@
+"""Whole-DAG runs under ``airflow dags test``: stand-in servers launched over a real sshd,
+outputs in a real S3 endpoint (moto) on loopback, nothing mocked in between."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.ports import free_port_block
+from tests.fixtures.s3 import Bucket, moto_endpoint, s3_bucket  # noqa: F401
+from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401
+from tests.fixtures.standins import tokenizer_dir  # noqa: F401
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+DAG_ID = "regenerate_drafter_data"
+STANDIN = (f"env PYTHONPATH={ROOT} HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "
+           f"{sys.executable} -m sglang_standin")
+GPUS = [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow-home")
+    env = dict(os.environ, AIRFLOW_HOME=str(home), PYTHONPATH=str(ROOT))
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+    env["AIRFLOW_BIN"] = airflow
+    return env
+
+
+@pytest.fixture
+def run_conf(tokenizer_dir, sshd: SshdServer, s3_bucket: Bucket, tmp_path):  # noqa: F811
+    """Return a builder of trigger confs: servers over SSH, outputs in the test bucket."""
+    base = free_port_block(len(GPUS))
+
+    def build(**overrides: Any) -> dict[str, Any]:
+        conf = {
+            "run_name": "expansion_v1",
+            "output_uri": f"{s3_bucket.uri}/runs",
+            "s3_conn_id": s3_bucket.endpoint.conn_id,
+            "shard_size": 80,
+            "model_path": str(tokenizer_dir),
+            "served_model_name": "Qwen/Qwen3.6-27B",
+            "context_length": 8192,
+            "max_tokens": 2048,
+            "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": sshd.conn_id, "gpus": GPUS}],
+            "port_base": base,
+            "server_launch_command": STANDIN,
+            "server_log_dir": str(tmp_path / "server-logs"),
+            "extra_server_args": ["--enable-metrics", "--standin-time-scale", "0.02",
+                                  "--standin-median-output-tokens", "150",
+                                  "--standin-warmup-seconds", "0.5"],
+            "launch_timeout_s": 60,
+            "progress_interval_s": 2,
+            "health_interval_s": 0.5,
+        }
+        conf.update(overrides)
+        return conf
+
+    build.base = base  # type: ignore[attr-defined]
+    return build
+
+
+def _dags_test(env: dict[str, str], conf: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [env["AIRFLOW_BIN"], "dags", "test", DAG_ID, "-c", json.dumps(conf)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+
+
+def _keys(bucket: Bucket, prefix: str) -> dict[str, bytes]:
+    out = {}
+    paginator = bucket.client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket.name, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            out[obj["Key"]] = bucket.client.get_object(Bucket=bucket.name,
+                                                       Key=obj["Key"])["Body"].read()
+    return out
+
+
+def _ports_closed(base: int) -> bool:
+    for port in range(base, base + len(GPUS)):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return False
+    return True
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0 and "state=success" in proc.stdout + proc.stderr, (
+        proc.stdout[-4000:] + proc.stderr[-4000:]
+    )
+
+
+def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
+    airflow_env, run_conf, s3_bucket: Bucket  # noqa: F811
+) -> None:
+    originals = {f"completions/part-{i}.jsonl": f'{{"original": {i}}}\n'.encode()
+                 for i in range(3)}
+    for key, data in originals.items():
+        s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=data)
+    conf = run_conf()
+    proc = _dags_test(airflow_env, conf)
+    _ok(proc)
+    assert _keys(s3_bucket, "completions/") == originals
+
+    run = _keys(s3_bucket, "runs/expansion_v1/")
+    prompts = json.loads(run["runs/expansion_v1/prompts/manifest.json"])
+    n_shards = len(prompts["shards"])
+    assert n_shards >= 3
+    total = completed = 0
+    for shard in prompts["shards"]:
+        gen = json.loads(run[f"runs/expansion_v1/generated/{shard['shard_id']}.manifest.json"])
+        assert sum(gen["counts"].values()) == shard["count"]  # every prompt accounted for
+        lines = run[f"runs/expansion_v1/generated/{shard['shard_id']}.jsonl"].splitlines()
+        ids = [json.loads(line)["id"] for line in lines]
+        assert len(ids) == len(set(ids)) == gen["counts"]["completed"]
+        tok = json.loads(run[f"runs/expansion_v1/tokenized/{shard['shard_id']}.manifest.json"])
+        assert tok["counts"]["input"] == gen["counts"]["completed"]
+        assert sum(tok["counts"]["quarantined"].values()) == 0
+        total += shard["count"]
+        completed += gen["counts"]["completed"]
+    assert completed == total == prompts["totals"]["kept"]
+    assert _ports_closed(run_conf.base)
+    out = proc.stdout + proc.stderr
+    assert "preflight prompt" in out and "servers healthy" in out
+
+
+def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
+    airflow_env, run_conf, s3_bucket: Bucket  # noqa: F811
+) -> None:
+    _ok(_dags_test(airflow_env, run_conf(shard_range="1-2")))
+    run = _keys(s3_bucket, "runs/expansion_v1/")
+    generated = sorted(k for k in run if k.startswith("runs/expansion_v1/tokenized/")
+                       and k.endswith(".manifest.json"))
+    assert generated == [f"runs/expansion_v1/tokenized/shard-0000{i}.manifest.json"
+                         for i in (1, 2)]
+    before = {k: v for k, v in run.items() if "/generated/" in k}
+
+    proc = _dags_test(airflow_env, run_conf(shard_range="0-3"))
+    _ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "reusing" in out and "2 already complete and skipped" in out
+    after = _keys(s3_bucket, "runs/expansion_v1/")
+    assert {k: after[k] for k in before} == before  # completed shards were not redone
+    assert "runs/expansion_v1/tokenized/shard-00000.manifest.json" in after
+    assert "runs/expansion_v1/tokenized/shard-00003.manifest.json" in after
+
+    proc = _dags_test(airflow_env, run_conf(shard_range="1", force_regenerate=True))
+    _ok(proc)
+    again = _keys(s3_bucket, "runs/expansion_v1/")
+    assert {k: again[k] for k in before} == before  # never over the old outputs
+    regenerated = [k for k in again if "/regenerations/" in k and k.endswith(
+        "tokenized/shard-00001.manifest.json")]
+    assert len(regenerated) == 1
+
+
+def test_a_server_killed_mid_run_loses_nothing(
+    airflow_env, run_conf, s3_bucket: Bucket, tmp_path  # noqa: F811
+) -> None:
+    conf = run_conf(extra_server_args=["--enable-metrics", "--standin-time-scale", "0.2",
+                                       "--standin-median-output-tokens", "150",
+                                       "--standin-warmup-seconds", "0.5"],
+                    shard_range="0-1")
+    pid_file = Path(conf["server_log_dir"]) / f"server-{run_conf.base + 1}.pid"
+    killed: list[int] = []
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            journal = [k for k in _keys(s3_bucket, "runs/expansion_v1/journal/")]
+            if journal and pid_file.exists():
+                pid = int(pid_file.read_text().split()[0])
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
+    killer.start()
+    proc = _dags_test(airflow_env, conf)
+    killer.join(5)
+    _ok(proc)
+    assert killed, "the test never found a server to kill mid-run"
+    run = _keys(s3_bucket, "runs/expansion_v1/")
+    prompts = json.loads(run["runs/expansion_v1/prompts/manifest.json"])
+    for shard in prompts["shards"][:2]:
+        gen = json.loads(run[f"runs/expansion_v1/generated/{shard['shard_id']}.manifest.json"])
+        assert gen["counts"] == {"completed": shard["count"], "skipped": 0, "failed": 0}
+    assert "ejected" in proc.stdout + proc.stderr
+
+
+def test_a_failed_run_still_stops_the_servers_it_started(
+    airflow_env, run_conf, tmp_path
+) -> None:
+    conf = run_conf(tokenizer_path=str(tmp_path / "no-such-tokenizer"))
+    proc = _dags_test(airflow_env, conf)
+    out = proc.stdout + proc.stderr
+    assert "state=failed" in out
+    assert "no-such-tokenizer" in out  # the error names the setting's value
+    assert "task_id=stop_servers" in out
+    assert _ports_closed(run_conf.base)
