@@ -140,7 +140,7 @@ class RunMonitor:
                 if st in counts:
                     counts[st] += 1
             finished_running += len(status)
-        window = [r for r in recent if now - r[1] >= 0 and now - r[0] <= RATE_WINDOW_S]
+        window = [r for r in recent if 0 <= now - r[0] <= RATE_WINDOW_S]
         tokens_per_s = sum(t for _, t, _ in window) / RATE_WINDOW_S
         prompts_per_s = len(window) / RATE_WINDOW_S
         if loc:

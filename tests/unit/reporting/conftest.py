@@ -1,0 +1,20 @@
+"""Fixtures for report tests: settings and a synthetic run in a local store."""
+
+from __future__ import annotations
+
+import pytest
+
+from include.settings import RunSettings
+from include.storage import LocalStore
+
+
+@pytest.fixture
+def settings(tmp_path) -> RunSettings:
+    """Return settings of a run named ``syn`` under ``tmp_path``."""
+    return RunSettings.from_mapping({"output_uri": str(tmp_path), "run_name": "syn"})
+
+
+@pytest.fixture
+def store(settings) -> LocalStore:
+    """Return the run's store."""
+    return LocalStore(settings.run_uri)

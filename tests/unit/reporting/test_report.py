@@ -1,0 +1,139 @@
+"""The report from a synthetic run: figures, gates, files, create-only retries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from include.reporting import (
+    QualityGateError,
+    QualityGates,
+    build_report,
+    raise_for_gates,
+    report_prefix,
+)
+from tests.unit.reporting.synthetic_run import ShardSpec, write_run
+
+SHARDS = {
+    "shard-00000": ShardSpec(completed=20, truncated=2, skipped=1, failed=1, quarantined=1,
+                             retried=3),
+    "shard-00001": ShardSpec(completed=30, truncated=6, quarantined=0),
+    "shard-00002": ShardSpec(completed=10, truncated=0, sources=("alpha", "beta", "gamma")),
+}
+LOOSE = QualityGates(max_truncation_rate=1.0, max_failure_rate=1.0, max_quarantine_rate=1.0)
+
+
+def _report(store, settings, gates=LOOSE, run_id="r1", plots=False, reused=()):
+    summary = build_report(settings, store, store, [s for s in SHARDS if s not in reused],
+                           list(reused), run_id=run_id, gates=gates, plots=plots)
+    full = json.loads(store.read(report_prefix(run_id) + "report.json"))
+    return summary, full
+
+
+def test_funnel_tokens_and_retries_match_what_was_written(store, settings) -> None:
+    write_run(store, SHARDS)
+    summary, r = _report(store, settings)
+    assert summary["generation"] == {"prompts": 62, "completed": 60, "skipped": 1, "failed": 1,
+                                     "truncated": 8}
+    gen = r["funnel"]["generation"]
+    assert gen["gamma"]["completed"] == 3 and gen["alpha"]["completed"] == 29
+    assert sum(v["completed"] for v in gen.values()) == 60
+    # Prompt 20 of shard 0 (alpha) was skipped, prompt 21 (beta) failed.
+    assert gen["alpha"]["skipped_by_reason"] == {"prompt_too_long": 1}
+    assert gen["beta"]["skipped_by_reason"] == {}
+    assert gen["beta"]["failed_by_reason"] == {"http_500": 1}
+    assert gen["beta"]["sent"] == gen["beta"]["completed"] + 1
+    assert gen["alpha"]["prompts"] == gen["alpha"]["completed"] + 1
+    assert r["funnel"]["prepare"]["alpha"]["dropped"] == {"empty": 2}
+    tok = r["tokenization"]["totals"]
+    assert (tok["input"], tok["written"], tok["quarantined"]) == (60, 59, 1)
+    assert tok["quarantined_by_reason"] == {"decode_mismatch": 1}
+    assert r["throughput"]["retries"] == {"extra_attempts": 3 + 3 * 1, "prompts_retried": 4}
+    assert r["tokens"]["completion_tokens"] == sum(
+        100 + i for spec in SHARDS.values() for i in range(spec.completed))
+    assert all(c["ok"] for c in r["consistency"])
+    assert set(r["sources_of_truth"]) >= {"funnel.prepare", "throughput, drains, retries"}
+    assert r["passed"] and summary["passed"]
+
+
+def test_each_gate_fails_just_over_and_passes_at_its_threshold(store, settings) -> None:
+    write_run(store, SHARDS)
+    # Measured: truncation 8/60, failure 1/61 (sent), quarantine 1/60, fewest per source 3.
+    cases = {
+        "max_truncation_rate": (8 / 60, "shard-00001"),
+        "max_failure_rate": (1 / 61, "shard-00000"),
+        "max_quarantine_rate": (1 / 60, "shard-00000"),
+    }
+    for i, (name, (value, worst)) in enumerate(cases.items()):
+        ok = QualityGates(**{**LOOSE.__dict__, name: value})
+        assert _report(store, settings, ok, run_id=f"ok{i}")[0]["passed"], name
+        bad = QualityGates(**{**LOOSE.__dict__, name: value * 0.999})
+        summary, full = _report(store, settings, bad, run_id=f"bad{i}")
+        assert not summary["passed"] and not full["passed"]
+        with pytest.raises(QualityGateError) as err:
+            raise_for_gates(summary)
+        msg = str(err.value)
+        assert name in msg and f"{value:.4g}" in msg and worst in msg, msg
+    ok = QualityGates(**{**LOOSE.__dict__, "min_completions_per_source": 3})
+    assert _report(store, settings, ok, run_id="ok-min")[0]["passed"]
+    bad = QualityGates(**{**LOOSE.__dict__, "min_completions_per_source": 4})
+    summary, _ = _report(store, settings, bad, run_id="bad-min")
+    with pytest.raises(QualityGateError, match=r"min_completions_per_source: measured 3.*gamma"):
+        raise_for_gates(summary)
+
+
+def test_default_gates_fail_this_run_on_truncation_and_failures(store, settings) -> None:
+    write_run(store, SHARDS)
+    summary, _ = _report(store, settings, QualityGates(max_truncation_rate=0.1))
+    failed = {g["name"] for g in summary["gates"] if not g["passed"]}
+    assert failed == {"max_truncation_rate", "max_failure_rate", "max_quarantine_rate"}
+
+
+def test_files_are_create_only_and_a_retry_rewrites_identical_bytes(store, settings) -> None:
+    write_run(store, SHARDS)
+    _report(store, settings, plots=True)
+    prefix = report_prefix("r1")
+    files = {k: store.read(k) for k in store.list(prefix)}
+    assert {k[len(prefix):] for k in files} == {
+        "report.json", "report.md", "report.html", "throughput.png", "prompt_tokens.png",
+        "completion_tokens.png", "tokenized_length.png"}
+    assert files[prefix + "throughput.png"].startswith(b"\x89PNG")
+    _report(store, settings, plots=True)  # a retried task: same inputs, same bytes
+    assert {k: store.read(k) for k in store.list(prefix)} == files
+    md = files[prefix + "report.md"].decode()
+    assert "| alpha |" in md and "max_truncation_rate" in md
+
+
+def test_backfill_lists_produced_and_reused_and_times_only_produced(store, settings) -> None:
+    write_run(store, SHARDS)
+    _, r = _report(store, settings, reused=("shard-00000", "shard-00001"))
+    assert r["shards"]["produced"] == ["shard-00002"]
+    assert r["shards"]["reused"] == ["shard-00000", "shard-00001"]
+    assert r["throughput"]["output_tokens"] == sum(100 + i for i in range(10))
+    assert r["generation"]["totals"]["completed"] == 60  # the dataset covers all shards
+
+
+def test_a_shard_without_outputs_fails_the_run(store, settings) -> None:
+    shards = {**SHARDS, "shard-00003": ShardSpec(completed=5, journal_only=True)}
+    write_run(store, shards)
+    summary = build_report(settings, store, store, list(shards), [], run_id="x", gates=LOOSE,
+                           plots=False)
+    with pytest.raises(QualityGateError, match="all_shards_complete.*shard-00003"):
+        raise_for_gates(summary)
+
+
+def test_throughput_drains_and_servers(store, settings) -> None:
+    write_run(store, {"shard-00000": ShardSpec(completed=10)})
+    _, r = _report(store, settings)
+    tp = r["throughput"]
+    # Requests start at T0 - 1 (finished_at T0+1+i, latency 2) and end at T0 + 10.
+    assert tp["wall_s"] == pytest.approx(11.0)
+    assert tp["output_tokens"] == sum(100 + i for i in range(10))
+    assert sum(p["output_tokens_per_s"] * p["width_s"] for p in tp["timeline"]) == (
+        pytest.approx(tp["output_tokens"], rel=1e-3))
+    assert set(tp["per_server"]) == {"http://s0:1", "http://s1:1"}
+    assert tp["per_server"]["http://s0:1"]["idle_tail_s"] == pytest.approx(1.0)
+    assert tp["drains"]["run_drain_s"] == pytest.approx(2.0)
+    assert r["servers"] == {"models": ["m"], "context_length": settings.context_length,
+                            "context_length_from": "settings", "ejections": None}
