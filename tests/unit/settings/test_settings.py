@@ -78,3 +78,16 @@ def test_trigger_form_has_one_typed_param_per_setting() -> None:
     for name, p in params.items():
         p.resolve(p.value)  # every default passes its own schema
         assert name
+
+
+def test_readme_settings_reference_matches_the_settings() -> None:
+    from pathlib import Path
+
+    from scripts.settings_reference import END, START, reference
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    block = readme.split(START, 1)[1].split(END, 1)[0]
+    assert block.strip() == reference().strip(), (
+        "README settings table is stale: run python -m scripts.settings_reference --write "
+        "README.md"
+    )

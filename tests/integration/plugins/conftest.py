@@ -1,0 +1,1 @@
+from tests.fixtures.standins import tokenizer_dir  # noqa: F401
