@@ -28,13 +28,11 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.common import SERVERS, standin_fleet
 from include.generation.engine import EngineConfig, run_shard
 from include.generation.journal import FileJournal
 from include.tokenization import count_prompt_tokens, load_tokenizer
-from sglang_standin.process import StandinProcess
-from sglang_standin.tokenizer import build_chat_tokenizer
 
-SERVERS = 8
 MAX_TOKENS = 32
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "enable_thinking": False}
 
@@ -127,27 +125,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=128)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    tok_dir = build_chat_tokenizer(work / "tokenizer")
-    procs = [StandinProcess(tok_dir, standin_zero_latency=True, standin_warmup_seconds=0.05,
-                            log_level="warning", context_length=32768)
-             for _ in range(SERVERS)]
-    try:
-        for p in procs:
-            p.start(wait=False)
-        for p in procs:
-            p.wait_healthy(timeout=120)
-        urls = [p.url for p in procs]
+    with standin_fleet("overhead", standin_zero_latency=True) as fleet:
+        urls = fleet.urls
         prompts = _prompts(args.requests)
         bare_run(urls, prompts[:200], args.concurrency)  # warm every server's caches once
         results = {
-            "engine": _timed(lambda: engine_run(urls, prompts, tok_dir, args.concurrency)),
+            "engine": _timed(lambda: engine_run(urls, prompts, fleet.tokenizer_dir,
+                                                args.concurrency)),
             "openai": _timed(lambda: openai_run(urls, prompts, args.concurrency)),
             "bare": _timed(lambda: bare_run(urls, prompts, args.concurrency)),
         }
-    finally:
-        for p in procs:
-            p.stop()
     print(f"{'client':<26}{'req/s':>9}{'cpu s/1k':>10}{'ok':>7}")
     names = {"engine": "engine (budget+journal)", "openai": "AsyncOpenAI + semaphore",
              "bare": "bare aiohttp (limit)"}

@@ -22,13 +22,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.bench_saturation import SERVERS, Sampler, _get, _prompts
+from benchmarks.common import Sampler, realistic_prompts, standin_fleet
 from include.generation.shard import generate_shard
 from include.prompts.prepare import encode_record, shard_id, shard_key
 from include.settings import RunSettings
 from include.storage import LocalStore
-from sglang_standin.process import StandinProcess
-from sglang_standin.tokenizer import build_chat_tokenizer
 
 
 def default_shards_in_flight() -> int:
@@ -54,17 +52,12 @@ def run_job(label: str, in_flight: int, urls: list[str], settings_values: dict,
                                                for p in prompts[n * size:(n + 1) * size]))
     settings = RunSettings.from_mapping({**settings_values, "output_uri": str(work),
                                          "run_name": label})
-    sampler = Sampler(urls)
-    sampler.start()
-    time.sleep(0.6)
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=in_flight) as pool:
-        results = list(pool.map(
-            lambda n: generate_shard(settings, shard_id(n), urls, store), range(n_shards)))
-    end = time.monotonic()
-    time.sleep(0.6)
-    sampler.stop_event.set()
-    sampler.join()
+    with Sampler(urls) as sampler:
+        start = time.monotonic()
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            results = list(pool.map(
+                lambda n: generate_shard(settings, shard_id(n), urls, store), range(n_shards)))
+        end = time.monotonic()
     tokens = sampler.tokens_at(end) - sampler.tokens_at(start)
     completed = sum(r["counts"]["completed"] for r in results)
     return {"seconds": end - start, "tokens_per_s": tokens / (end - start),
@@ -81,27 +74,15 @@ def main() -> None:
     args = parser.parse_args()
     in_flight = default_shards_in_flight()
 
-    work = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
-    tok_dir = build_chat_tokenizer(work / "tokenizer")
-    flags = {"standin_time_scale": args.time_scale, "standin_warmup_seconds": 0.1,
-             "enable_metrics": True, "context_length": 32768, "log_level": "warning"}
-    procs = [StandinProcess(tok_dir, **flags) for _ in range(SERVERS)]
-    try:
-        for p in procs:
-            p.start(wait=False)
-        for p in procs:
-            p.wait_healthy(timeout=120)
-        urls = [p.url for p in procs]
-        ceiling = sum(json.loads(_get(u + "/get_server_info"))["standin_ceiling_gen_throughput"]
-                      for u in urls)
-        prompts = _prompts(args.shards * args.shard_size, seed=11)
-        values = {"model_path": str(tok_dir), "max_tokens": args.max_tokens,
+    with standin_fleet("fanout", standin_time_scale=args.time_scale,
+                       enable_metrics=True) as fleet:
+        prompts = realistic_prompts(args.shards * args.shard_size, seed=11)
+        values = {"model_path": str(fleet.tokenizer_dir), "max_tokens": args.max_tokens,
                   "progress_interval_s": 30, "context_length": 32768}
-        fanned = run_job("fanout", in_flight, urls, values, args.shards, prompts, ceiling)
-        sequential = run_job("sequential", 1, urls, values, args.shards, prompts, ceiling)
-    finally:
-        for p in procs:
-            p.stop()
+        job = (fleet.urls, values, args.shards, prompts, fleet.ceiling_tokens_per_s)
+        fanned = run_job("fanout", in_flight, *job)
+        sequential = run_job("sequential", 1, *job)
+        ceiling = fleet.ceiling_tokens_per_s
     print(f"{'shards in flight':<20}{'tok/s':>10}{'ratio':>8}{'seconds':>9}{'completed':>11}")
     for name, r in ((f"{in_flight} (default)", fanned), ("1 (sequential)", sequential)):
         print(f"{name:<20}{r['tokens_per_s']:>10.0f}{r['ratio']:>8.3f}{r['seconds']:>9.1f}"

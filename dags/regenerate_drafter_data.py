@@ -11,6 +11,7 @@ check_settings ─┬─ prepare_prompts ─────────────
                 └─ launch_servers (setup) ─ wait_for_server[i] ─ preflight ─┐
                                                                  shard[shard-NNNNN]:
                                          generate ─ upload ─ tokenize  (mapped, depth-first)
+                                                      └─ report (quality gates, dataset asset)
                                                                    └─ stop_servers (teardown)
 ```
 
@@ -20,8 +21,11 @@ check_settings ─┬─ prepare_prompts ─────────────
   serve this model); **wait_for_server** gates on `/health` and on the model name and
   context length each server reports; **preflight** sends the run's longest prompt to each.
 * **shard** runs once per shard: generate (journaled, resumable), upload (create-only,
-  checksummed), tokenize (checked masks). **stop_servers** stops only what this run started,
-  whatever happened to the run.
+  checksummed), tokenize (checked masks).
+* **report** writes `report/<run id>/` (funnel, throughput, lengths, plots), fails the run on
+  a broken quality gate, and otherwise updates the dataset asset (alias
+  `regenerated_drafter_data`) a training DAG can be scheduled on.
+* **stop_servers** stops only what this run started, whatever happened to the run.
 
 Every setting is a field of the trigger form; the same names work in
 `airflow dags trigger regenerate_drafter_data -c '{"shard_range": "120-179"}'`. See README.md.
@@ -32,8 +36,18 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import dag, get_current_context, setup, task, task_group, teardown
+from airflow.sdk import (
+    AssetAlias,
+    dag,
+    get_current_context,
+    setup,
+    task,
+    task_group,
+    teardown,
+)
+from airflow.sdk.exceptions import AirflowFailException
 
+from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
 from include.settings import airflow_params
 
@@ -112,7 +126,7 @@ def regenerate_drafter_data() -> None:
     def per_shard(shard_id: str, servers: list[str], outputs_uri: str) -> None:
         @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, map_index_template="{{ shard }}")
         def generate(shard_id: str, servers: list[str], outputs_uri: str,
-                     params: dict | None = None) -> str:
+                     params: dict | None = None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry)."""
             from include.generation.shard import generate_shard
             from include.prompts.plan import open_run_store
@@ -120,25 +134,24 @@ def regenerate_drafter_data() -> None:
 
             get_current_context()["shard"] = shard_id
             settings = RunSettings.from_mapping(params)
-            generate_shard(settings, shard_id, servers, open_run_store(settings, outputs_uri),
-                           open_run_store(settings))
-            return shard_id
+            return generate_shard(settings, shard_id, servers,
+                                  open_run_store(settings, outputs_uri), open_run_store(settings))
 
         @task(map_index_template="{{ shard }}")
-        def upload(shard_id: str, outputs_uri: str, params: dict | None = None) -> str:
+        def upload(generated: dict, outputs_uri: str, params: dict | None = None) -> str:
             """Publish the shard's completions create-only, with checksums."""
             from include.generation.shard import publish_shard
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
 
-            get_current_context()["shard"] = shard_id
+            shard_id = get_current_context()["shard"] = generated["shard_id"]
             settings = RunSettings.from_mapping(params)
             publish_shard(shard_id, open_run_store(settings, outputs_uri),
-                          open_run_store(settings))
+                          open_run_store(settings), generated)
             return shard_id
 
         @task(map_index_template="{{ shard }}")
-        def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None) -> dict:
+        def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None) -> str:
             """Tokenize the shard into input_ids + loss_mask, checked token by token."""
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
@@ -146,9 +159,33 @@ def regenerate_drafter_data() -> None:
 
             get_current_context()["shard"] = shard_id
             settings = RunSettings.from_mapping(params)
-            return tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
+            tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
+            return shard_id
 
         tokenize(upload(generate(shard_id, servers, outputs_uri), outputs_uri), outputs_uri)
+
+    @task(outlets=[AssetAlias(DATASET_ALIAS)], retries=0)
+    def report(plan: list[dict], launched: dict, params: dict | None = None,
+               run_id: str | None = None, outlet_events=None) -> dict:
+        """Write the run report; fail on a broken quality gate, else update the dataset asset."""
+        from include.reporting import (
+            QualityGateError,
+            emit_dataset_event,
+            raise_for_gates,
+            report_run,
+        )
+        from include.settings import RunSettings
+
+        settings = RunSettings.from_mapping(params)
+        summary = report_run(settings, [p["shard_id"] for p in plan], run_id or "manual",
+                             launched)
+        try:
+            raise_for_gates(summary)
+        except QualityGateError as exc:
+            # The same files give the same verdict: retrying cannot help.
+            raise AirflowFailException(str(exc)) from None
+        emit_dataset_event(outlet_events, settings, summary)
+        return summary
 
     @teardown
     def stop_servers(report: dict) -> None:
@@ -167,7 +204,7 @@ def regenerate_drafter_data() -> None:
     servers = preflight(launched, plan)
     waited >> servers
     shards = per_shard.partial(servers=servers).expand_kwargs(plan)
-    shards >> stop_servers(launched)
+    shards >> report(plan, launched) >> stop_servers(launched)
 
 
 regenerate_drafter_data()

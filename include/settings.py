@@ -519,6 +519,43 @@ class RunSettings:
         section="Tokenization",
     )
 
+    # --- Quality gates ------------------------------------------------------------------
+    max_truncation_rate: float = _setting(
+        0.2,
+        title="Max truncation rate",
+        description="Fail the run (no dataset asset event) when more than this share of "
+        "completions were cut by max_tokens (finish_reason 'length').",
+        section="Quality gates",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    max_failure_rate: float = _setting(
+        0.01,
+        title="Max failure rate",
+        description="Fail the run when more than this share of the prompts sent to the "
+        "servers ended failed (skipped prompts are never sent).",
+        section="Quality gates",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    min_completions_per_source: int = _setting(
+        0,
+        title="Min completions per source",
+        description="Fail the run when a source that kept prompts at preparation has fewer "
+        "completions than this.",
+        section="Quality gates",
+        minimum=0,
+    )
+    max_quarantine_rate: float = _setting(
+        0.01,
+        title="Max quarantine rate",
+        description="Fail the run when more than this share of completions were quarantined "
+        "by the tokenization checks.",
+        section="Quality gates",
+        minimum=0.0,
+        maximum=1.0,
+    )
+
     # ------------------------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None = None) -> RunSettings:

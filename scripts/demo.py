@@ -66,6 +66,7 @@ def main() -> int:
 
     import boto3
 
+    from sglang_standin.process import shell_launch_command
     from sglang_standin.tokenizer import build_chat_tokenizer
 
     work = ROOT / "var" / "demo"
@@ -83,8 +84,6 @@ def main() -> int:
     original = b'{"id": "original-0", "conversations": []}\n'
     client.put_object(Bucket=BUCKET, Key="completions/original.jsonl", Body=original)
 
-    standin = (f"env PYTHONPATH={ROOT} HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "
-               f"{sys.executable} -m sglang_standin")
     conf = {
         "run_name": args.run_name,
         "output_uri": f"s3://{BUCKET}/runs",
@@ -97,7 +96,7 @@ def main() -> int:
         "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": args.ssh_conn_id,
                        "gpus": list(range(args.gpus))}],
         "port_base": 30000,
-        "server_launch_command": standin,
+        "server_launch_command": shell_launch_command(),
         "server_log_dir": str(work / "server-logs"),
         "extra_server_args": ["--enable-metrics", "--standin-time-scale", "0.02",
                               "--standin-median-output-tokens", "200",

@@ -252,7 +252,8 @@ def next_window(
     replaced from the queue at once) without requests waiting for minutes. While the queue is
     empty and this client uses its window, the server has room: grow by half (slow start).
     With a short queue below target, grow by a quarter; when the queue is well above target,
-    shrink by half the excess.
+    shrink by half the excess, weighted by this client's share of what the server holds (the
+    other clients sharing it, e.g. other shards in flight, shrink by theirs).
     """
     target = max(2.0, running / 16)
     if queue < 1 and in_flight >= 0.9 * window:
@@ -260,5 +261,8 @@ def next_window(
     elif queue < target and in_flight >= 0.9 * window:
         window = window + max(2, window // 4)
     elif queue > 3 * target:
-        window = window - max(1, int((queue - target) / 2))
+        # Several clients (shards in flight) may share this server and all see the same
+        # queue: each takes back only its share of the excess, or together they overshoot.
+        share = in_flight / max(running + queue, in_flight, 1.0)
+        window = window - max(1, int((queue - target) * share / 2))
     return max(low, min(high, window))

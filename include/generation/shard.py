@@ -121,20 +121,33 @@ def build_shard_output(
 
 
 def publish_shard(
-    shard_id: str, store: Store, prompts_store: Store | None = None
+    shard_id: str,
+    store: Store,
+    prompts_store: Store | None = None,
+    generation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build a shard's completions file from its journal and publish it create-only.
 
     Checks the accounting first (every prompt exactly once), writes
     ``generated/<shard>.jsonl`` then its manifest (the commit marker), verifies checksums,
-    and returns the manifest. Safe to retry: identical bytes count as written.
+    and returns the manifest. ``generation`` (the generate summary: time, servers,
+    ejections) is kept in the manifest. A shard whose manifest exists is already published
+    and is returned as it is, so a retry never rewrites it.
     """
     from include.prompts import read_shard_by_id
     from include.prompts.prepare import shard_index
     from include.storage.publish import publish_generated_shard
 
+    _, manifest_key = output_keys(shard_id)
+    if store.exists(manifest_key):
+        log.info("%s: already published at %s", shard_id, store.uri(manifest_key))
+        return json.loads(store.read(manifest_key))
     prompts = read_shard_by_id(prompts_store or store, shard_id)
     data, manifest = build_shard_output(shard_id, prompts, load_journal_records(store, shard_id))
+    if generation and not generation.get("already_done"):
+        manifest["generation"] = {k: generation[k] for k in
+                                  ("elapsed_s", "resumed", "output_tokens", "servers")
+                                  if k in generation}
     result = publish_generated_shard(store, shard_index(shard_id), data, manifest)
     log.info("%s: published %d completions (%d skipped, %d failed) to %s", shard_id,
              manifest["counts"][COMPLETED], manifest["counts"][SKIPPED],

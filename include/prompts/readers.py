@@ -100,7 +100,7 @@ def iter_batches(
                 columns, first = _probe_parquet(files)
             except Exception as exc:  # same message as a failed load below
                 raise _parquet_error(source, files, exc) from exc
-            if columns is not None and first is not None:  # else: choose after loading
+            if first is not None:  # else no rows: nothing to choose, as for an empty dataset
                 wanted = _chosen(columns, select(columns, first))
             else:
                 columns = None
@@ -152,14 +152,22 @@ def _parquet_error(source: SourceSettings, files: list[str], exc: Exception) -> 
     )
 
 
-def _probe_parquet(files: list[str]) -> tuple[list[str] | None, dict[str, Any] | None]:
-    """Return the columns and the first row of parquet files, streamed (no cache written)."""
-    import datasets
+def _probe_parquet(files: list[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """Return the columns and the first row of parquet files, as ``datasets`` would load them.
 
-    datasets.disable_progress_bars()
-    stream = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
-    names = stream.column_names
-    return (list(names) if names is not None else None), next(iter(stream), None)
+    The columns are the first file's schema (where ``datasets`` takes its features from), the
+    row the first one of the first file that has rows; only one row group is read.
+    """
+    import pyarrow.parquet as pq
+
+    with open(files[0], "rb") as fh:
+        columns = list(pq.read_schema(fh).names)
+    for path in files:
+        with pq.ParquetFile(path) as pf:
+            for group in range(pf.num_row_groups):
+                if pf.metadata.row_group(group).num_rows:
+                    return columns, pf.read_row_group(group).slice(0, 1).to_pylist()[0]
+    return columns, None
 
 
 def _load_local(builder: str, files: list[str], columns: list[str] | None = None) -> Any:

@@ -31,6 +31,10 @@ def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
     """
     if len(turns) == 1:
         return _one_turn(turns[0], policy)
+    return _many_turns(turns, policy)
+
+
+def _many_turns(turns: Sequence[RawTurn], policy: str) -> list[Message]:
     mapped: list[tuple[str, RawTurn]] = []
     for turn in turns:
         role = ROLE_NAMES.get(turn.role.strip().lower())
@@ -71,9 +75,9 @@ _POLICIES = ("first_user", "until_first_trained_assistant", "until_last_user")
 
 
 def _one_turn(turn: RawTurn, policy: str) -> list[Message]:
-    # The general path above, for the commonest case (flat datasets: one user turn), without
-    # its lists: every policy keeps a lone user turn whole. Same results, same errors, same
-    # order of checks (tests compare the two).
+    # ``_many_turns`` for the commonest case (flat datasets: one user turn), without its
+    # lists: every policy keeps a lone user turn whole. Same results, same errors, same order
+    # of checks (tests compare the two).
     role = ROLE_NAMES.get(turn.role.strip().lower())
     if role is None:
         raise DropRow("unknown_role", f"role {turn.role!r}")

@@ -1,25 +1,32 @@
-"""Run reports, quality gates, the dataset asset, and run state for the monitor page."""
+"""Run reports, quality gates, the dataset asset, and run state for the monitor page.
 
-from include.reporting.asset import (
-    DATASET_ALIAS,
-    asset_event_extra,
-    dataset_asset,
-    dataset_asset_uri,
-    emit_dataset_event,
-)
-from include.reporting.gates import QualityGateError, QualityGates, raise_for_gates
-from include.reporting.report import build_report, format_summary, report_prefix
+Names are loaded on first use, so that the DAG file can import the asset alias at parse
+time without pulling in the report's readers (storage, generation, plotting).
+"""
 
-__all__ = [
-    "DATASET_ALIAS",
-    "QualityGateError",
-    "QualityGates",
-    "asset_event_extra",
-    "build_report",
-    "dataset_asset",
-    "dataset_asset_uri",
-    "emit_dataset_event",
-    "format_summary",
-    "raise_for_gates",
-    "report_prefix",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DATASET_ALIAS": "include.reporting.asset",
+    "asset_event_extra": "include.reporting.asset",
+    "dataset_asset": "include.reporting.asset",
+    "dataset_asset_uri": "include.reporting.asset",
+    "emit_dataset_event": "include.reporting.asset",
+    "QualityGateError": "include.reporting.gates",
+    "QualityGates": "include.reporting.gates",
+    "raise_for_gates": "include.reporting.gates",
+    "build_report": "include.reporting.report",
+    "format_summary": "include.reporting.report",
+    "report_prefix": "include.reporting.report",
+    "report_run": "include.reporting.report",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'include.reporting' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -52,7 +52,7 @@ SOURCES_OF_TRUTH: dict[str, str] = {
         "launch_servers report: expected.context_length (checked on every server by "
         "wait_for_server); settings.context_length when no launch report is given"),
     "servers.ejections": (
-        "shard.generate task results (XCom): servers[].ejections; not in the run's files"),
+        "generated/<shard>.manifest.json generation.servers[].ejections"),
     "tokenization.totals, tokenization.per_shard": (
         "tokenized/<shard>.manifest.json: counts, tokens"),
     "funnel.tokenization.<source>.quarantined/dropped": (
@@ -383,11 +383,11 @@ def build_report(
 
     ``shard_ids`` are the shards this run produced, ``reused_shards`` those it found complete
     (a shard-range backfill); both are read from ``outputs_store``, the prompt manifest from
-    ``run_store``. ``launch`` is the launch_servers XCom, ``generate_results`` the mapped
-    generate tasks' XCom (for ejections); both optional. Never raises for broken gates: the
-    summary says ``passed`` and ``raise_for_gates`` fails the task. Files are written
-    create-only, ``report.json`` last, and are byte-identical when rebuilt from the same
-    inputs, so a retried report task succeeds.
+    ``run_store``. ``launch`` is the launch_servers XCom; ``generate_results`` (for
+    ejections) defaults to the ``generation`` entry of each shard's generated manifest.
+    Never raises for broken gates: the summary says ``passed`` and ``raise_for_gates`` fails
+    the task. Files are written create-only, ``report.json`` last, and are byte-identical
+    when rebuilt from the same inputs, so a retried report task succeeds.
     """
     gates = gates or QualityGates.from_settings(settings)
     manifest = read_json(run_store, PROMPTS_MANIFEST)
@@ -396,7 +396,12 @@ def build_report(
     reused = set(reused_shards)
     ordered = sorted(set(shard_ids) | reused)
     shards = [collect_shard(outputs_store, sid, sid in reused) for sid in ordered]
-    outputs_uri = outputs_store.uri("").rstrip("/")
+    outputs_uri = outputs_store.root.rstrip("/")
+    if generate_results is None:
+        # The upload task records each shard's generation stats (servers, ejections) in the
+        # shard's generated manifest: the one source for them.
+        generate_results = [s.generated["generation"] for s in shards
+                            if s.generated and s.generated.get("generation")] or None
     report = compute_report(settings, manifest, shards, run_id=run_id, outputs_uri=outputs_uri,
                             gates=gates, launch=launch, generate_results=generate_results)
     prefix = report_prefix(run_id)
@@ -472,3 +477,27 @@ def format_summary(summary: dict[str, Any]) -> str:
     if not summary["consistency_ok"]:
         lines.append("  WARNING: manifests and journals disagree; see consistency in report.json")
     return "\n".join(lines)
+
+
+def report_run(
+    settings: Any, produced: list[str], run_id: str, launch: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write the report of a DAG run whose shard group produced ``produced``; return its summary.
+
+    Shards the run's ``shard_range`` selects but did not produce are reported as reused
+    (complete from an earlier run). Never raises for a broken gate (see ``raise_for_gates``).
+    """
+    from include.prompts.plan import open_run_store, outputs_uri
+    from include.prompts.prepare import shard_id
+
+    run_store = open_run_store(settings)
+    manifest = read_json(run_store, PROMPTS_MANIFEST)
+    if manifest is None:
+        raise FileNotFoundError(f"{run_store.uri(PROMPTS_MANIFEST)} does not exist")
+    selected = [shard_id(n) for n in settings.shard_numbers(len(manifest["shards"]))
+                if manifest["shards"][n]["count"]]
+    done = set(produced)
+    reused = [s for s in selected if s not in done]
+    outputs = open_run_store(settings, outputs_uri(settings, run_id))
+    return build_report(settings, run_store, outputs, produced, reused, run_id=run_id,
+                        launch=launch)

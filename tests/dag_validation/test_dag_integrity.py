@@ -54,3 +54,23 @@ def test_dag_file_defers_heavy_imports_to_tasks() -> None:
     heavy = ("datasets", "transformers", "aiohttp", "boto3", "include.prompts",
              "include.generation", "include.storage")
     assert not [line for line in top_level if any(h in line for h in heavy)]
+
+
+def test_parsing_the_dag_imports_no_heavy_library() -> None:
+    import subprocess
+    import sys
+
+    heavy = ["transformers", "datasets", "pyarrow", "boto3", "matplotlib", "include.prompts",
+             "include.generation", "include.storage", "include.tokenization",
+             "include.reporting.report"]
+    dag_file = str(ROOT / "dags" / "regenerate_drafter_data.py")
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('d', {dag_file!r})\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                         check=True)
+    assert out.stdout.strip() == "[]"

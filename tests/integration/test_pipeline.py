@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,27 +15,19 @@ from typing import Any
 
 import pytest
 
+from sglang_standin.process import shell_launch_command
 from tests.fixtures.ports import free_port_block
 from tests.fixtures.s3 import Bucket, moto_endpoint, s3_bucket  # noqa: F401
 from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401
 from tests.fixtures.standins import tokenizer_dir  # noqa: F401
+from tests.integration.conftest import dags_test as _dags_test
+from tests.integration.conftest import failure_excerpt
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "regenerate_drafter_data"
-STANDIN = (f"env PYTHONPATH={ROOT} HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "
-           f"{sys.executable} -m sglang_standin")
+STANDIN = shell_launch_command()
 GPUS = [0, 1, 2]
-
-
-@pytest.fixture(scope="module")
-def airflow_env(tmp_path_factory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow-home")
-    env = dict(os.environ, AIRFLOW_HOME=str(home), PYTHONPATH=str(ROOT))
-    airflow = str(Path(sys.executable).parent / "airflow")
-    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
-    env["AIRFLOW_BIN"] = airflow
-    return env
 
 
 @pytest.fixture
@@ -72,13 +63,6 @@ def run_conf(tokenizer_dir, sshd: SshdServer, s3_bucket: Bucket, tmp_path):  # n
     return build
 
 
-def _dags_test(env: dict[str, str], conf: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [env["AIRFLOW_BIN"], "dags", "test", DAG_ID, "-c", json.dumps(conf)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-
-
 def _keys(bucket: Bucket, prefix: str) -> dict[str, bytes]:
     out = {}
     paginator = bucket.client.get_paginator("list_objects_v2")
@@ -99,7 +83,7 @@ def _ports_closed(base: int) -> bool:
 
 def _ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0 and "state=success" in proc.stdout + proc.stderr, (
-        proc.stdout[-4000:] + proc.stderr[-4000:]
+        failure_excerpt(proc)
     )
 
 

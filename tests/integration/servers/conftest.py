@@ -6,7 +6,6 @@ pid files the launcher writes, so no stand-in outlives the session.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,14 @@ import pytest
 from include.servers.commands import ServerPaths, build_stop_command
 from include.servers.launcher import LocalRunner
 from include.settings import RunSettings
+from sglang_standin.process import shell_launch_command
 from tests.fixtures.ports import free_port_block
 from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401 - the fixture is used by name
 
 ROOT = Path(__file__).resolve().parents[3]
 
 # The stand-in takes SGLang's flags; these make it fast and keep it offline.
-STANDIN_COMMAND = (
-    f"env PYTHONPATH={ROOT} HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "
-    f"{sys.executable} -m sglang_standin"
-)
+STANDIN_COMMAND = shell_launch_command()
 FAST_ARGS = ["--standin-warmup-seconds", "0.5", "--standin-zero-latency"]
 
 

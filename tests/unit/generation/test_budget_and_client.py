@@ -94,3 +94,16 @@ def test_window_converges_to_a_short_non_empty_queue_on_a_model_server() -> None
         queue = max(0, window - 64)
         window = next_window(window, window, queue, running, low=8, high=512)
     assert 64 <= window <= 64 + 3 * 4 + 16
+
+
+def test_clients_sharing_a_server_converge_without_starving_it() -> None:
+    # Three shards in flight share one server that runs at most 64 requests at once.
+    windows = [32, 32, 32]
+    history = []
+    for _ in range(40):
+        total = sum(windows)
+        running, queue = min(total, 64), max(0, total - 64)
+        windows = [next_window(w, w, queue, running, low=8, high=512) for w in windows]
+        history.append(sum(windows))
+    assert all(total >= 64 for total in history[5:]), history  # the batch stays full
+    assert history[-1] <= 64 + 3 * 12, history  # and the queue stays short

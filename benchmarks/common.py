@@ -1,0 +1,123 @@
+"""What the benchmarks share: a fleet of stand-in servers, realistic prompts, a token sampler."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sglang_standin.process import StandinProcess
+from sglang_standin.tokenizer import build_chat_tokenizer
+from synthetic_sources import rows
+
+#: One server per GPU of an 8-GPU host.
+SERVERS = 8
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Running stand-in servers: their URLs, the tokenizer they serve, their ceiling."""
+
+    urls: list[str]
+    tokenizer_dir: Path
+    ceiling_tokens_per_s: float
+
+
+def get(url: str) -> str:
+    """Return the body of a GET (for the servers' own reports)."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+@contextlib.contextmanager
+def standin_fleet(prefix: str, n: int = SERVERS, **flags: Any) -> Iterator[Fleet]:
+    """Start ``n`` stand-ins with ``flags`` (plus quiet, fast warm-up defaults); stop them after.
+
+    The ceiling is the sum of what each server reports as its full-batch output tokens/s.
+    """
+    work = Path(tempfile.mkdtemp(prefix=f"bench-{prefix}-"))
+    tok_dir = build_chat_tokenizer(work / "tokenizer")
+    merged = {"standin_warmup_seconds": 0.1, "log_level": "warning", "context_length": 32768,
+              **flags}
+    procs = [StandinProcess(tok_dir, **merged) for _ in range(n)]
+    try:
+        for p in procs:
+            p.start(wait=False)
+        for p in procs:
+            p.wait_healthy(timeout=120)
+        urls = [p.url for p in procs]
+        ceiling = sum(
+            json.loads(get(u + "/get_server_info")).get("standin_ceiling_gen_throughput", 0.0)
+            for u in urls
+        )
+        yield Fleet(urls, tok_dir, ceiling)
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def realistic_prompts(n: int, seed: int) -> list[dict[str, Any]]:
+    """Return ``n`` single-turn prompt records of mixed sources and lengths."""
+    kinds = ["metamathqa", "codefeedback", "webinstructsub"]
+    out = []
+    rng = random.Random(seed)
+    for i in range(n):
+        row = next(rows(kinds[i % 3], 1, seed=seed + i, dup_share=0))
+        text = row.get("query") or row.get("question")
+        out.append({"id": f"bench:{i}", "source": kinds[i % 3], "metadata": {},
+                    "messages": [{"role": "user", "content": text[: rng.randint(200, 4000)]}]})
+    return out
+
+
+def _generated_tokens(urls: list[str]) -> float:
+    total = 0.0
+    for url in urls:
+        for line in get(url + "/metrics").splitlines():
+            if line.startswith("sglang:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Sampler(threading.Thread):
+    """Sample the servers' generated-token counters every ``interval`` seconds."""
+
+    def __init__(self, urls: list[str], interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.interval = urls, interval
+        self.samples: list[tuple[float, float]] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.samples.append((time.monotonic(), _generated_tokens(self.urls)))
+            self.stop_event.wait(self.interval)
+
+    def tokens_at(self, t: float) -> float:
+        """Return the counter at time ``t``, interpolated between samples."""
+        prev = self.samples[0]
+        for sample in self.samples:
+            if sample[0] >= t:
+                if sample[0] == prev[0]:
+                    return sample[1]
+                frac = (t - prev[0]) / (sample[0] - prev[0])
+                return prev[1] + frac * (sample[1] - prev[1])
+            prev = sample
+        return self.samples[-1][1]
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        time.sleep(self.interval + 0.1)  # a first sample before the measured work starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(self.interval + 0.1)  # a last sample after it ends
+        self.stop_event.set()
+        self.join()
