@@ -134,11 +134,11 @@ async def send_chat(
             timeout=timeout,
         ) as resp:
             result.status = resp.status
-            text = await resp.text()
+            body = await resp.read()
             if resp.status == 200:
-                _parse_completion(result, text)
+                _parse_completion(result, body)
             else:
-                _classify_error(result, resp.status, text)
+                _classify_error(result, resp.status, body.decode("utf-8", "replace"))
     except TimeoutError:
         result.error_kind, result.error = TIMEOUT, "request timed out"
     except aiohttp.ClientConnectorError as exc:
@@ -153,9 +153,9 @@ async def send_chat(
     return result
 
 
-def _parse_completion(result: ChatResult, text: str) -> None:
+def _parse_completion(result: ChatResult, body: bytes) -> None:
     try:
-        data = json.loads(text)
+        data = json.loads(body)
         choice = data["choices"][0]
         message = choice["message"]
         result.content = message.get("content")
@@ -165,7 +165,7 @@ def _parse_completion(result: ChatResult, text: str) -> None:
         result.model = data.get("model")
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         result.error_kind = BAD_RESPONSE
-        result.error = f"unexpected 200 body ({type(exc).__name__}): {text[:300]}"
+        result.error = f"unexpected 200 body ({type(exc).__name__}): {body[:300]!r}"
         return
     if result.finish_reason == "abort":
         # SGLang aborts requests it drops (e.g. during shutdown); the answer is incomplete.

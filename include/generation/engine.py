@@ -203,9 +203,10 @@ class _Run:
     def _complete(self, item: _Item, result: c.ChatResult, server: ServerState) -> None:
         rec = item.record
         out_tokens = int(result.usage.get("completion_tokens") or 0)
+        # The prompt (messages, metadata) is already in the prompt shard; the journal keeps
+        # only what generation added, and the output joins the two.
         self._finish({
-            "id": rec["id"], "source": rec.get("source"), "messages": rec["messages"],
-            "metadata": rec.get("metadata", {}), "status": COMPLETED,
+            "id": rec["id"], "source": rec.get("source"), "status": COMPLETED,
             "content": result.content, "reasoning_content": result.reasoning_content,
             "finish_reason": result.finish_reason, "usage": result.usage,
             "model": result.model, "server": server.url,

@@ -96,12 +96,15 @@ def build_shard_output(
     counts = {COMPLETED: 0, SKIPPED: 0, FAILED: 0}
     skipped, failed = [], []
     truncated = 0
-    for pid in ids:
+    for prompt in prompts:
+        pid = prompt["id"]
         rec = records[pid]
         counts[rec["status"]] += 1
         if rec["status"] == COMPLETED:
             truncated += rec.get("finish_reason") == "length"
-            lines.append(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
+            full = {**rec, "messages": prompt["messages"], "metadata": prompt.get("metadata", {}),
+                    "source": prompt.get("source", rec.get("source"))}
+            lines.append(json.dumps(full, ensure_ascii=False, sort_keys=True) + "\n")
         else:
             entry = {"id": pid, "reason": rec.get("reason"), "detail": rec.get("detail", "")}
             (skipped if rec["status"] == SKIPPED else failed).append(entry)
