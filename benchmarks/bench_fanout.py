@@ -2,7 +2,8 @@
 
 Every shard ends with a drain while its longest requests finish; with one shard at a time the
 GPUs idle at every boundary. This runs a multi-shard job the way the DAG does, calling the
-generate task's body (``include.generation.shard.generate_shard``) once per shard, with
+generate task's body (``include.generation.shard.generate_shard``) once per shard with the
+start stagger the prepare task plans (``include.prompts.plan.stagger``), with
 ``REGEN_MAX_ACTIVE_SHARDS`` (the DAG's default) shards in flight sharing eight stand-in
 servers, and then, in the same run, with one shard at a time. The whole-job throughput
 (servers' own token counters, job start to last shard done) is compared with the stand-ins'
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from benchmarks.common import Sampler, realistic_prompts, standin_fleet
 from include.generation.shard import generate_shard
+from include.prompts import MANIFEST_KEY
+from include.prompts.plan import stagger
 from include.prompts.prepare import encode_record, shard_id, shard_key
 from include.settings import RunSettings
 from include.storage import LocalStore
@@ -50,13 +53,19 @@ def run_job(label: str, in_flight: int, urls: list[str], settings_values: dict,
     for n in range(n_shards):
         store.write_new(shard_key(n), b"".join(encode_record(p)
                                                for p in prompts[n * size:(n + 1) * size]))
+    store.write_new(MANIFEST_KEY, json.dumps(
+        {"shards": [{"shard_id": shard_id(n), "count": size} for n in range(n_shards)]}
+    ).encode())
     settings = RunSettings.from_mapping({**settings_values, "output_uri": str(work),
                                          "run_name": label})
+    ids = [shard_id(n) for n in range(n_shards)]
+    waits = stagger(ids, in_flight)  # what the DAG's prepare task hands each shard
     with Sampler(urls) as sampler:
         start = time.monotonic()
         with ThreadPoolExecutor(max_workers=in_flight) as pool:
             results = list(pool.map(
-                lambda n: generate_shard(settings, shard_id(n), urls, store), range(n_shards)))
+                lambda n: generate_shard(settings, ids[n], urls, store, wait_for=waits[n]),
+                range(n_shards)))
         end = time.monotonic()
     tokens = sampler.tokens_at(end) - sampler.tokens_at(start)
     completed = sum(r["counts"]["completed"] for r in results)

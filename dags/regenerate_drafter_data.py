@@ -80,12 +80,12 @@ def regenerate_drafter_data() -> None:
     def prepare_prompts(params: dict | None = None, run_id: str | None = None) -> list[dict]:
         """Extract, filter, dedupe and shard the prompts (or reuse them); pick the shards.
 
-        Returns one ``{"shard_id", "outputs_uri"}`` per shard to run.
+        Returns one ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run.
         """
         from include.prompts.plan import plan_run
         from include.settings import RunSettings
 
-        return plan_run(RunSettings.from_mapping(params), run_id or "manual")
+        return plan_run(RunSettings.from_mapping(params), run_id or "manual", MAX_ACTIVE_SHARDS)
 
     @setup
     def launch_servers(params: dict | None = None, run_id: str | None = None) -> dict:
@@ -123,10 +123,11 @@ def regenerate_drafter_data() -> None:
         return urls
 
     @task_group(group_id="shard")
-    def per_shard(shard_id: str, servers: list[str], outputs_uri: str) -> None:
+    def per_shard(shard_id: str, servers: list[str], outputs_uri: str,
+                  wait_for: dict | None) -> None:
         @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, map_index_template="{{ shard }}")
         def generate(shard_id: str, servers: list[str], outputs_uri: str,
-                     params: dict | None = None) -> dict:
+                     wait_for: dict | None, params: dict | None = None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry)."""
             from include.generation.shard import generate_shard
             from include.prompts.plan import open_run_store
@@ -135,7 +136,8 @@ def regenerate_drafter_data() -> None:
             get_current_context()["shard"] = shard_id
             settings = RunSettings.from_mapping(params)
             return generate_shard(settings, shard_id, servers,
-                                  open_run_store(settings, outputs_uri), open_run_store(settings))
+                                  open_run_store(settings, outputs_uri), open_run_store(settings),
+                                  wait_for)
 
         @task(map_index_template="{{ shard }}")
         def upload(generated: dict, outputs_uri: str, params: dict | None = None) -> str:
@@ -162,7 +164,8 @@ def regenerate_drafter_data() -> None:
             tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
             return shard_id
 
-        tokenize(upload(generate(shard_id, servers, outputs_uri), outputs_uri), outputs_uri)
+        generated = generate(shard_id, servers, outputs_uri, wait_for)
+        tokenize(upload(generated, outputs_uri), outputs_uri)
 
     @task(outlets=[AssetAlias(DATASET_ALIAS)], retries=0)
     def report(plan: list[dict], launched: dict, params: dict | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from include.generation.engine import (
@@ -38,6 +39,7 @@ def generate_shard(
     server_urls: list[str],
     store: Store | None = None,
     prompts_store: Store | None = None,
+    wait_for: dict[str, Any] | None = None,
     **engine_overrides: Any,
 ) -> dict[str, Any]:
     """Generate a shard's completions into its journal; return a summary for XCom and logs.
@@ -45,7 +47,9 @@ def generate_shard(
     ``store`` is where outputs go (default: the run's location), ``prompts_store`` where the
     prompt shards are (default: ``store``). A shard whose output manifest exists is done and
     is not run again. Otherwise the engine resumes from the journal in ``store``, so a retry
-    on any worker picks up where the last try stopped.
+    on any worker picks up where the last try stopped. ``wait_for`` (``{"shard_id",
+    "fraction"}``, see ``include.prompts.plan.stagger``) delays the start until that shard
+    has finished that share of its prompts.
     """
     store = store or open_store(settings.run_uri)
     prompts_store = prompts_store or store
@@ -54,6 +58,9 @@ def generate_shard(
         manifest = json.loads(store.read(manifest_key))
         log.info("%s: already generated (%s); nothing to do", shard_id, store.uri(manifest_key))
         return {"shard_id": shard_id, "already_done": True, "counts": manifest["counts"]}
+    if wait_for:
+        wait_for_progress(store, prompts_store, shard_id, wait_for["shard_id"],
+                          wait_for["fraction"])
     from include.tokenization import count_prompt_tokens, load_tokenizer
 
     tokenizer = load_tokenizer(settings.tokenizer_path or settings.model_path)
@@ -81,6 +88,40 @@ def generate_shard(
         "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
         "servers": outcome.servers,
     }
+
+
+def wait_for_progress(
+    store: Store,
+    prompts_store: Store,
+    shard_id: str,
+    leader: str,
+    fraction: float,
+    timeout_s: float = 900.0,
+    poll_s: float = 2.0,
+) -> None:
+    """Block until shard ``leader`` has finished ``fraction`` of its prompts (or is done).
+
+    Gives up after ``timeout_s`` (a failed or slow leader must not hold this shard back for
+    long) and then simply starts.
+    """
+    from include.prompts import MANIFEST_KEY
+    from include.prompts.prepare import shard_index
+
+    shards = json.loads(prompts_store.read(MANIFEST_KEY))["shards"]
+    need = fraction * shards[shard_index(leader)]["count"]
+    deadline = time.monotonic() + timeout_s
+    log.info("%s: staggered start, waiting for %s to finish %.0f%% of its prompts",
+             shard_id, leader, 100 * fraction)
+    while time.monotonic() < deadline:
+        if store.exists(output_keys(leader)[1]):
+            return
+        done = len(load_journal_records(store, leader))
+        if done >= need:
+            log.info("%s: %s has finished %d prompts; starting", shard_id, leader, done)
+            return
+        time.sleep(poll_s)
+    log.warning("%s: %s did not reach %.0f%% in %.0fs; starting anyway", shard_id, leader,
+                100 * fraction, timeout_s)
 
 
 def build_shard_output(

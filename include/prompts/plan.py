@@ -55,8 +55,12 @@ def prepare_or_reuse(settings: RunSettings, store: Store | None = None) -> dict[
     if store.exists(MANIFEST_KEY):
         manifest = json.loads(store.read(MANIFEST_KEY))
         if manifest.get("preparation_fingerprint") == settings.fingerprint(PREPARATION_SETTINGS):
-            log.info("prompt shards already prepared at %s with the same preparation settings; "
-                     "reusing %d shards", store.uri(MANIFEST_KEY), len(manifest["shards"]))
+            log.info(
+                "prompt shards already prepared at %s with the same preparation settings; "
+                "reusing %d shards",
+                store.uri(MANIFEST_KEY),
+                len(manifest["shards"]),
+            )
             return manifest
         raise PrepareError(
             f"prompt shards at {store.uri(MANIFEST_KEY)} were prepared with other settings "
@@ -87,21 +91,46 @@ def select_shards(
             todo.append(sid)
     log.info(
         "shards: %d in the run, %d selected (%s), %d already complete and skipped%s, %d to run",
-        total, len(chosen), settings.shard_range or "all", len(complete),
-        f" ({', '.join(complete[:10])}{'...' if len(complete) > 10 else ''})" if complete
-        else "", len(todo),
+        total,
+        len(chosen),
+        settings.shard_range or "all",
+        len(complete),
+        f" ({', '.join(complete[:10])}{'...' if len(complete) > 10 else ''})" if complete else "",
+        len(todo),
     )
     return {"shards": todo, "complete": complete, "total_shards": total}
 
 
-def plan_run(settings: RunSettings, run_id: str) -> list[dict[str, str]]:
-    """Prepare or reuse the prompt shards; return ``{"shard_id", "outputs_uri"}`` per shard to run.
+def stagger(shard_ids: list[str], shards_in_flight: int) -> list[dict[str, Any] | None]:
+    """Return, per shard, the progress of the first shard it waits for before starting.
 
-    This is the prepare task's whole body: its return value is what the per-shard task group
-    is mapped over.
+    Shards in flight share the servers equally, so shards that start together also drain
+    together, and the GPUs idle at every such boundary. The first wave therefore starts
+    staggered: shard ``p`` (``0 < p < shards_in_flight``) waits until the first shard has
+    finished ``p / shards_in_flight`` of its prompts. Later shards start as earlier ones
+    finish, so the offsets persist and each drain overlaps the others' steady work.
+    """
+    first = shard_ids[0] if shard_ids else None
+    return [
+        {"shard_id": first, "fraction": round(p / shards_in_flight, 4)}
+        if 0 < p < shards_in_flight
+        else None
+        for p in range(len(shard_ids))
+    ]
+
+
+def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1) -> list[dict[str, Any]]:
+    """Prepare or reuse the prompt shards; return what the per-shard task group maps over.
+
+    One ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run (``wait_for``: see
+    ``stagger``). This is the prepare task's whole body.
     """
     manifest = prepare_or_reuse(settings)
     outputs = outputs_uri(settings, run_id)
     plan = select_shards(settings, manifest, open_run_store(settings, outputs))
     log.info("outputs of this run go to %s", outputs)
-    return [{"shard_id": sid, "outputs_uri": outputs} for sid in plan["shards"]]
+    waits = stagger(plan["shards"], shards_in_flight)
+    return [
+        {"shard_id": sid, "outputs_uri": outputs, "wait_for": wait}
+        for sid, wait in zip(plan["shards"], waits, strict=True)
+    ]

@@ -23,12 +23,23 @@ import tempfile
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from hashlib import blake2b as _blake2b
 from pathlib import Path
 from typing import Any
 
-from include.prompts.readers import MALFORMED_KEY, iter_batches
+from include.prompts.readers import MALFORMED_KEY, RowBatch, iter_batches, resolve_files
 from include.prompts.schemas import KINDS, Kind, MalformedRow, check_kind, detect_kind
-from include.prompts.turns import DropRow, dedupe_key, prompt_turns, to_messages
+from include.prompts.turns import (
+    EMPTY_DETAIL,
+    INVALID_UNICODE_DETAIL,
+    POLICIES,
+    DropRow,
+    _fold,
+    dedupe_key,
+    prompt_turns,
+    to_messages,
+)
+from include.prompts.workers import map_in_order, usable_cpus
 from include.settings import (
     AIRFLOW_MAX_MAP_LENGTH,
     PREPARATION_SETTINGS,
@@ -110,23 +121,39 @@ class SourceFunnel:
         }
 
 
-class _Spool:
-    """Kept prompts of one source, as JSON lines in a temporary file, addressed by offset."""
+@dataclass
+class _Candidates:
+    """One source's rows that passed every per-row check, before dedupe, in row order.
 
-    def __init__(self, directory: str, name: str) -> None:
-        self.path = Path(directory) / f"{name}.jsonl"
-        self._fh = open(self.path, "wb")  # noqa: SIM115 - closed in finish()
-        self._size = 0  # counted here: BufferedWriter.tell() is a system call each time
-        self.offsets = array("q")
+    Candidate ``c`` has dedupe key ``keys[c]`` and its JSON line at bytes
+    ``[ends[c - 1], ends[c])`` of the file at ``path`` (``ends[-1]`` of nothing is 0). The
+    funnel holds the source's reads and per-row drops; dedupe and quotas come after.
+    """
 
-    def add(self, line: bytes) -> None:
-        self.offsets.append(self._size)
-        self._fh.write(line)
-        self._size += len(line)
+    funnel: SourceFunnel
+    path: str
+    keys: list[bytes] = field(default_factory=list)
+    ends: array = field(default_factory=lambda: array("q"))
 
-    def finish(self) -> None:
-        self._fh.close()
-        self.offsets.append(self.path.stat().st_size)
+    def line(self, c: int) -> bytes:
+        start = self.ends[c - 1] if c else 0
+        with open(self.path, "rb") as fh:
+            fh.seek(start)
+            return fh.read(self.ends[c] - start)
+
+    def row_id(self, c: int) -> str:
+        # Only drop samples need a candidate's id after the per-row work (a few per source),
+        # so it is read back from its line instead of being kept for every row.
+        return json.loads(self.line(c))["id"]
+
+
+@dataclass
+class _Kept:
+    """A source's kept prompts after dedupe: line ``i`` is at ``starts[i]`` in ``path``."""
+
+    path: str
+    starts: array
+    lengths: array
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
@@ -151,8 +178,25 @@ def encode_record(record: dict[str, Any]) -> bytes:
     The same bytes as ``json.dumps(record, ensure_ascii=False, sort_keys=True,
     separators=(",", ":"), default=str) + "\\n"`` in UTF-8.
     """
-    text = "".join(_C_ENCODE(record, 0)) if _C_ENCODE else _JSON.encode(record)
-    return (text + "\n").encode("utf-8")
+    return (_encode(record) + "\n").encode("utf-8")
+
+
+def _encode(value: Any) -> str:
+    """Return ``value`` as encode_record writes it (any JSON value, not only records)."""
+    return "".join(_C_ENCODE(value, 0)) if _C_ENCODE else _JSON.encode(value)
+
+
+def _encode_str(text: str) -> str:
+    """Return a string as encode_record writes it."""
+    # The encoder escapes only quotes, backslashes and characters below U+0020 (all
+    # non-printable); checking for those in C is cheaper than escaping a long prompt.
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'
+    return _escape_str(text)
+
+
+#: The function encode_record's encoder uses for strings.
+_escape_str = json.encoder.encode_basestring
 
 
 def _length_counter(settings: RunSettings) -> tuple[str, Any]:
@@ -267,47 +311,64 @@ def _metadata(kind: Kind, row: dict, source: SourceSettings) -> dict[str, Any]:
     return meta
 
 
-def _read_source(
-    si: int,
-    source: SourceSettings,
-    settings: RunSettings,
-    spool: _Spool,
-    seen_keys: dict[bytes, int],
-    existing: set[bytes],
-    count_lengths: Any,
-) -> SourceFunnel:
-    funnel = SourceFunnel(source.name)
-    kind: Kind | None = None
-    seen_ids: set[str] = set()
-    languages = set(source.languages) if source.languages is not None else None
-    excluded = set(source.exclude_sources)
+class _SourceReader:
+    """The per-row work of one source: rows in, candidates (or counted drops) out.
 
-    def select(columns: list[str], first: dict | None) -> tuple[str, ...]:
-        # Resolve the kind before the first batch, so only the columns it reads are loaded.
-        nonlocal kind
-        kind = _resolve_kind(source, columns, first)
-        _check_filters(source, kind)
-        funnel.kind = kind.name
-        return kind.columns
+    Everything a row goes through before dedupe happens here (ids, turns, filters, lengths,
+    dedupe key, JSON line), so it can run in another process than the dedupe.
+    """
 
-    for batch in iter_batches(source, select=select):
-        if kind is None:
-            first = next((r for r in batch.rows if MALFORMED_KEY not in r), None)
-            kind = _resolve_kind(source, batch.columns, first)
-            _check_filters(source, kind)
-            funnel.kind = kind.name
+    def __init__(
+        self,
+        source: SourceSettings,
+        settings: RunSettings,
+        unit: str,
+        count_lengths: Any,
+        out: _Candidates,
+    ) -> None:
+        self.source = source
+        self.settings = settings
+        self.unit = unit
+        self.count_lengths = count_lengths
+        self.out = out
+        self.funnel = out.funnel
+        self.kind: Kind | None = None
+        self.seen_ids: set[str] = set()
+        self.languages = set(source.languages) if source.languages is not None else None
+        self.excluded = set(source.exclude_sources)
+        self.id_prefix = f"{source.name}:{source.config or 'default'}:"
+
+    def set_kind(self, columns: list[str], first: dict | None) -> Kind:
+        self.kind = _resolve_kind(self.source, columns, first)
+        _check_filters(self.source, self.kind)
+        self.funnel.kind = self.kind.name
+        return self.kind
+
+    def column_wise(self, batch: RowBatch) -> bool:
+        """Return whether the batch can take the column-wise path for flat layouts."""
+        kind = self.kind
+        assert kind is not None
+        return (
+            batch.table is not None
+            and kind.text_column is not None
+            and kind.extra_metadata is None
+            and self.languages is None
+            and self.source.multi_turn in POLICIES
+            and not {"source_kind", "config"} & set(kind.metadata_columns)
+        )
+
+    def rows(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
+        """Return the keys and JSON lines of a batch's candidates (any layout, row by row)."""
+        kind, source, funnel = self.kind, self.source, self.funnel
+        assert kind is not None
         pending: list[tuple[str, list[dict[str, str]], dict[str, Any]]] = []
         for offset, row in enumerate(batch.rows):
             index = batch.start + offset
             funnel.read += 1
             if MALFORMED_KEY in row:
-                funnel.drop(
-                    "malformed",
-                    f"{source.name}:{source.config or 'default'}:{index}",
-                    row[MALFORMED_KEY],
-                )
+                funnel.drop("malformed", f"{self.id_prefix}{index}", row[MALFORMED_KEY])
                 continue
-            rid = _row_id(source, kind, row, index, seen_ids)
+            rid = _row_id(source, kind, row, index, self.seen_ids)
             try:
                 messages = to_messages(kind.turns(row), source.multi_turn)
             except MalformedRow as exc:
@@ -316,40 +377,216 @@ def _read_source(
             except DropRow as exc:
                 funnel.drop(exc.reason, rid, exc.detail)
                 continue
-            if languages is not None and row.get(kind.language_column) not in languages:
+            if self.languages is not None and row.get(kind.language_column) not in self.languages:
                 funnel.drop("filtered_language", rid, str(row.get(kind.language_column)))
                 continue
-            if excluded and row.get(kind.source_column) in excluded:
+            if self.excluded and row.get(kind.source_column) in self.excluded:
                 funnel.drop("filtered_source", rid, str(row.get(kind.source_column)))
                 continue
             pending.append((rid, messages, _metadata(kind, row, source)))
-        lengths = count_lengths([m for _, m, _ in pending])
+        lengths = self.count_lengths([m for _, m, _ in pending])
+        keys: list[bytes] = []
+        lines: list[bytes] = []
         for (rid, messages, meta), length in zip(pending, lengths, strict=True):
-            if length < settings.min_prompt_length:
-                funnel.drop("too_short", rid, str(length))
+            if not self._length_ok(rid, length):
                 continue
-            if settings.max_prompt_length is not None and length > settings.max_prompt_length:
-                funnel.drop("too_long", rid, str(length))
-                continue
-            key = dedupe_key(messages)
-            if key in existing:
-                funnel.drop("already_in_existing_set", rid)
-                continue
-            owner = seen_keys.get(key)
-            if owner is not None:
-                reason = "duplicate_within_source" if owner == si else "duplicate_across_sources"
-                funnel.drop(reason, rid)
-                continue
-            seen_keys[key] = si
-            funnel.kept += 1
-            spool.add(
+            keys.append(dedupe_key(messages))
+            lines.append(
                 encode_record(
                     {"id": rid, "source": source.name, "messages": messages, "metadata": meta}
                 )
             )
-    if kind is None:
+        return keys, lines
+
+    def columns(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
+        """Return what ``rows`` returns for a batch of a flat layout, working column-wise.
+
+        The same checks in the same order with the same drop details, the key
+        ``dedupe_key`` gives for one user turn and the bytes ``encode_record`` gives, without
+        a dict, a RawTurn or a message list per row (tests compare the two paths).
+        """
+        kind, source, funnel = self.kind, self.source, self.funnel
+        assert kind is not None and kind.text_column is not None
+        texts = batch.column(kind.text_column)
+        raw_ids = batch.column(kind.id_column) if kind.id_column else None
+        labels = batch.column(kind.source_column) if self.excluded else None
+        meta = _FlatMetadata(kind, source, batch)
+        excluded, prefix, seen_ids = self.excluded, self.id_prefix, self.seen_ids
+        funnel.read += len(texts)
+        pending: list[tuple[str, str, int]] = []  # row id, text, row offset
+        for offset, text in enumerate(texts):
+            index = batch.start + offset
+            if raw_ids is None:  # ids from the row index are unique: no need to remember them
+                rid = f"{prefix}{index}"
+            else:
+                raw = raw_ids[offset]
+                rid = f"{prefix}{raw if raw not in (None, '') else index}"
+                if rid in seen_ids:
+                    rid = f"{prefix}{raw}#{index}"
+                seen_ids.add(rid)
+            if type(text) is not str:
+                try:
+                    kind.turns({kind.text_column: text})
+                except MalformedRow as exc:  # always: the kind's own message
+                    funnel.drop("malformed", rid, str(exc))
+                    continue
+                raise AssertionError(f"kind {kind.name} accepted non-text {text!r}")
+            if not text.strip():
+                funnel.drop("empty", rid, EMPTY_DETAIL)
+                continue
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    funnel.drop("malformed", rid, INVALID_UNICODE_DETAIL)
+                    continue
+            if labels is not None and labels[offset] in excluded:
+                funnel.drop("filtered_source", rid, str(labels[offset]))
+                continue
+            pending.append((rid, text, offset))
+        if self.unit == "characters":
+            lengths: Any = [len(t) for _, t, _ in pending]
+        else:
+            lengths = self.count_lengths([[{"role": "user", "content": t}] for _, t, _ in pending])
+        keys: list[bytes] = []
+        lines: list[bytes] = []
+        tail = f',"source":{_encode_str(source.name)}}}\n'
+        for (rid, text, offset), length in zip(pending, lengths, strict=True):
+            if not self._length_ok(rid, length):
+                continue
+            keys.append(
+                _blake2b(("user\x1f" + _fold(text)).encode("utf-8"), digest_size=16).digest()
+            )
+            lines.append(
+                (
+                    '{"id":'
+                    + _encode_str(rid)
+                    + ',"messages":[{"content":'
+                    + _encode_str(text)
+                    + ',"role":"user"}],"metadata":'
+                    + meta.json(offset)
+                    + tail
+                ).encode("utf-8")
+            )
+        return keys, lines
+
+    def _length_ok(self, rid: str, length: int) -> bool:
+        if length < self.settings.min_prompt_length:
+            self.funnel.drop("too_short", rid, str(length))
+            return False
+        if self.settings.max_prompt_length is not None and length > self.settings.max_prompt_length:
+            self.funnel.drop("too_long", rid, str(length))
+            return False
+        return True
+
+
+class _FlatMetadata:
+    """The ``metadata`` JSON of a flat layout's rows, as ``encode_record`` writes it."""
+
+    def __init__(self, kind: Kind, source: SourceSettings, batch: RowBatch) -> None:
+        fixed = {"source_kind": kind.name}
+        if source.config:
+            fixed["config"] = source.config
+        # Sorted keys, as encode_record sorts them; a column's key is left out where the row
+        # holds None, as _metadata leaves it out.
+        self._fields: list[tuple[str, str | None, list[Any] | None]] = [
+            (
+                f"{_encode_str(k)}:",
+                _encode_str(fixed[k]) if k in fixed else None,
+                None if k in fixed else batch.column(k),
+            )
+            for k in sorted({*fixed, *kind.metadata_columns})
+        ]
+
+    def json(self, offset: int) -> str:
+        parts = []
+        for key, fixed, values in self._fields:
+            if fixed is not None:
+                parts.append(key + fixed)
+            else:
+                assert values is not None
+                value = values[offset]
+                if value is not None:
+                    parts.append(
+                        key + (_encode_str(value) if type(value) is str else _encode(value))
+                    )
+        return "{" + ",".join(parts) + "}"
+
+
+def _map_source(
+    si: int,
+    source: SourceSettings,
+    settings: RunSettings,
+    unit: str,
+    count_lengths: Any,
+    directory: str,
+) -> _Candidates:
+    """Read one source and do every per-row step before dedupe; return its candidates.
+
+    Their JSON lines go to ``directory/NNN.jsonl``. Runs in the stage's process or in its
+    worker (``workers.map_in_order``), so it changes no state shared between sources.
+    """
+    out = _Candidates(SourceFunnel(source.name), str(Path(directory) / f"{si:03d}.jsonl"))
+    reader = _SourceReader(source, settings, unit, count_lengths, out)
+
+    def select(columns: list[str], first: dict | None) -> tuple[str, ...]:
+        # Resolve the kind before the first batch, so only the columns it reads are loaded.
+        return reader.set_kind(columns, first).columns
+
+    size = 0
+    with open(out.path, "wb") as fh:
+        for batch in iter_batches(source, select=select):
+            if reader.kind is None:
+                first = next((r for r in batch.rows if MALFORMED_KEY not in r), None)
+                reader.set_kind(batch.columns, first)
+            keys, lines = (reader.columns if reader.column_wise(batch) else reader.rows)(batch)
+            out.keys += keys
+            for line in lines:
+                size += len(line)
+                out.ends.append(size)
+            fh.write(b"".join(lines))
+    if reader.kind is None:
         log.warning("source %s: no rows", source.name)
-    return funnel
+    return out
+
+
+def _dedupe(
+    si: int, candidates: _Candidates, existing: set[bytes], seen: dict[bytes, int]
+) -> _Kept:
+    """Drop the candidates seen before (existing sets, earlier rows); return the kept ones.
+
+    ``seen`` maps each kept key to the index of the source that kept it first.
+    """
+    funnel = candidates.funnel
+    kept = array("q")
+    seen_get = seen.get
+    for c, key in enumerate(candidates.keys):
+        if existing and key in existing:
+            _drop_candidate(funnel, "already_in_existing_set", candidates, c)
+            continue
+        owner = seen_get(key)
+        if owner is not None:
+            reason = "duplicate_within_source" if owner == si else "duplicate_across_sources"
+            _drop_candidate(funnel, reason, candidates, c)
+            continue
+        seen[key] = si
+        kept.append(c)
+    funnel.kept = len(kept)
+    ends = candidates.ends
+    starts = array("q", [ends[c - 1] if c else 0 for c in kept])
+    lengths = array("q", [ends[c] for c in kept])
+    for i, start in enumerate(starts):
+        lengths[i] -= start
+    return _Kept(candidates.path, starts, lengths)
+
+
+def _drop_candidate(funnel: SourceFunnel, reason: str, candidates: _Candidates, c: int) -> None:
+    # SourceFunnel.drop without the id where its samples are full already (the id is read
+    # back from the candidate's line, so only for the few samples).
+    if len(funnel.samples.get(reason, ())) < SAMPLE_IDS_PER_REASON:
+        funnel.drop(reason, candidates.row_id(c))
+    else:
+        funnel.dropped[reason] += 1
 
 
 def _apply_quota(source: SourceSettings, funnel: SourceFunnel, n_kept: int, seed: int) -> list[int]:
@@ -400,16 +637,22 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
     seen_keys: dict[bytes, int] = {}
     funnels: list[SourceFunnel] = []
     with tempfile.TemporaryDirectory(prefix="prepare-") as tmp:
-        spools: list[_Spool] = []
+        kept: list[_Kept] = []
         selected: list[list[int]] = []
-        for si, source in enumerate(settings.sources):
-            spool = _Spool(tmp, f"{si:03d}")
-            funnel = _read_source(si, source, settings, spool, seen_keys, existing, count_lengths)
-            spool.finish()
-            selected.append(_apply_quota(source, funnel, len(spool.offsets) - 1, settings.seed))
+        sources = settings.sources
+
+        def read(si: int) -> _Candidates:
+            return _map_source(si, sources[si], settings, unit, count_lengths, tmp)
+
+        for si, candidates in enumerate(
+            map_in_order(len(sources), read, parallel=_use_worker(settings))
+        ):
+            source, funnel = sources[si], candidates.funnel
+            kept.append(_dedupe(si, candidates, existing, seen_keys))
+            del candidates  # its keys live on in seen_keys only where kept
+            selected.append(_apply_quota(source, funnel, len(kept[si].starts), settings.seed))
             funnel.check()
             funnels.append(funnel)
-            spools.append(spool)
             log.info(
                 "source %s (%s): read %d, kept %d",
                 source.name,
@@ -419,10 +662,13 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
             )
         del seen_keys
 
-        order = [(si, i) for si, chosen in enumerate(selected) for i in chosen]
+        # (source, kept index) pairs packed in one int each: an array of 8-byte ints instead
+        # of a list of tuples; shuffle only swaps items, so the permutation is the same.
+        order = array("q", [si << 32 | i for si, chosen in enumerate(selected) for i in chosen])
+        del selected
         random.Random(settings.seed).shuffle(order)
         n_shards = plan_shards(len(order), settings.shard_size)
-        shards = _write_shards(store, spools, order, settings.shard_size, n_shards)
+        shards = _write_shards(store, kept, order, settings.shard_size, n_shards)
 
     manifest = {
         "stage": "prepare",
@@ -451,20 +697,21 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
 
 
 def _write_shards(
-    store: Store, spools: list[_Spool], order: list[tuple[int, int]], size: int, n_shards: int
+    store: Store, kept: list[_Kept], order: array, size: int, n_shards: int
 ) -> list[dict[str, Any]]:
-    fds = [os.open(s.path, os.O_RDONLY) for s in spools]
-    offsets = [s.offsets for s in spools]
+    fds = [os.open(k.path, os.O_RDONLY) for k in kept]
+    starts = [k.starts for k in kept]
+    lengths = [k.lengths for k in kept]
     try:
         shards = []
         for n in range(n_shards):
             lines = []
-            for si, i in order[n * size : (n + 1) * size]:
-                start = offsets[si][i]
-                length = offsets[si][i + 1] - start
-                line = os.pread(fds[si], length, start)
+            for code in order[n * size : (n + 1) * size]:
+                si, i = code >> 32, code & 0xFFFFFFFF
+                length = lengths[si][i]
+                line = os.pread(fds[si], length, starts[si][i])
                 if len(line) != length:  # never seen on a local file; do not trust it
-                    raise PrepareError(f"spool {spools[si].path} was cut short; nothing written")
+                    raise PrepareError(f"spool {kept[si].path} was cut short; nothing written")
                 lines.append(line)
             data = b"".join(lines)
             created = store.write_new(shard_key(n), data)
@@ -483,6 +730,26 @@ def _write_shards(
     finally:
         for fd in fds:
             os.close(fd)
+
+
+#: Below this many bytes of local source files the stage runs in one process: forking a
+#: worker costs more than it saves on small inputs (tests set it to 0 to run the worker).
+PARALLEL_MIN_BYTES = 64 << 20
+
+
+def _use_worker(settings: RunSettings) -> bool:
+    """Return whether a second process should share the per-row work."""
+    if usable_cpus() < 2:
+        return False
+    total = 0
+    for source in settings.sources:
+        if not source.path:
+            return True  # a hub download and its rows: large as a rule
+        try:
+            total += sum(os.path.getsize(f) for f in resolve_files(source))
+        except (OSError, RuntimeError):
+            continue  # reported by the read itself, in its turn
+    return total >= PARALLEL_MIN_BYTES
 
 
 def format_funnel(manifest: dict[str, Any]) -> str:
@@ -524,9 +791,9 @@ def read_shard(store: Store, index: int) -> list[dict[str, Any]]:
 def shard_index(shard: str) -> int:
     """Return the index of a shard id (``shard-00042`` -> 42)."""
     prefix = "shard-"
-    if not shard.startswith(prefix) or not shard[len(prefix):].isdigit():
+    if not shard.startswith(prefix) or not shard[len(prefix) :].isdigit():
         raise ValueError(f"not a shard id: {shard!r} (expected e.g. 'shard-00042')")
-    return int(shard[len(prefix):])
+    return int(shard[len(prefix) :])
 
 
 def read_shard_by_id(store: Store, shard: str) -> list[dict[str, Any]]:

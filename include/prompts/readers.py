@@ -13,7 +13,6 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +30,51 @@ class SourceReadError(RuntimeError):
     """A source cannot be read at all (missing, unreadable, empty); the message says why."""
 
 
-@dataclass
 class RowBatch:
-    """Consecutive rows of one source: ``rows[i]`` is source row ``start + i``.
+    """Consecutive rows of one source: row ``i`` is source row ``start + i``.
 
     ``columns`` are the source's columns; rows hold them all, or only those ``select`` chose.
+    A batch read through ``datasets`` keeps its rows as an Arrow ``table`` and makes Python
+    objects only when asked, per column (``column``) or per row (``rows``); a batch from the
+    row-by-row JSON fallback holds ``rows`` (some may carry ``MALFORMED_KEY``) and no table.
     """
 
-    start: int
-    columns: list[str]
-    rows: list[dict[str, Any]]
+    __slots__ = ("start", "columns", "table", "_rows")
+
+    def __init__(
+        self,
+        start: int,
+        columns: list[str],
+        rows: list[dict[str, Any]] | None = None,
+        table: Any = None,
+    ) -> None:
+        if (rows is None) == (table is None):
+            raise ValueError("a RowBatch holds either rows or an Arrow table")
+        self.start = start
+        self.columns = columns
+        self.table = table
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return self.table.num_rows if self._rows is None else len(self._rows)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Return the rows as dicts (made once from the table, with the values ``datasets``
+        gives in its Python format: ``Table.to_pydict``)."""
+        if self._rows is None:
+            names = self.table.column_names
+            values = [self.table.column(c).to_pylist() for c in names]
+            self._rows = [dict(zip(names, vals, strict=True)) for vals in zip(*values, strict=True)]
+        return self._rows
+
+    def column(self, name: str) -> list[Any]:
+        """Return one column's values in row order (None where a row lacks it)."""
+        if self._rows is None:
+            if name in self.table.column_names:
+                return self.table.column(name).to_pylist()
+            return [None] * self.table.num_rows
+        return [row.get(name) for row in self._rows]
 
 
 #: Called once with the source's columns and its first row, before any batch; returns the
@@ -131,11 +165,24 @@ def iter_batches(
     if wanted is None:
         wanted = columns
     start = 0
-    for batch in dataset.iter(batch_size=batch_size):
-        values = [batch[c] for c in wanted]
-        rows = [dict(zip(wanted, vals, strict=True)) for vals in zip(*values, strict=True)]
-        yield RowBatch(start, columns, rows)
-        start += len(rows)
+    if _needs_decoding(dataset, wanted):  # e.g. Json features: only the Python format decodes
+        for batch in dataset.iter(batch_size=batch_size):
+            values = [batch[c] for c in wanted]
+            rows = [dict(zip(wanted, vals, strict=True)) for vals in zip(*values, strict=True)]
+            yield RowBatch(start, columns, rows)
+            start += len(rows)
+        return
+    # Arrow slices: no Python objects until the caller asks for a column or the rows.
+    for table in dataset.with_format("arrow").iter(batch_size=batch_size):
+        yield RowBatch(start, columns, table=table.select(wanted))
+        start += table.num_rows
+
+
+def _needs_decoding(dataset: Any, columns: list[str]) -> bool:
+    from datasets.features.features import require_decoding
+
+    features = dataset.features
+    return any(require_decoding(features[c]) for c in columns if c in features)
 
 
 def _chosen(columns: list[str], chosen: Sequence[str] | None) -> list[str]:

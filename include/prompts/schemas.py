@@ -59,6 +59,9 @@ class Kind:
     )
     #: Columns ``turns`` and ``extra_metadata`` read (the others are named above).
     reads: tuple[str, ...] = ()
+    #: Flat layouts: the one column whose text is the whole prompt, a single user turn
+    #: (``turns`` gives exactly that, or raises MalformedRow where the value is not text).
+    text_column: str | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -154,6 +157,7 @@ KINDS: dict[str, Kind] = {
             ("question", "answer"),
             _flat("question"),
             reads=("question",),
+            text_column="question",
             id_column="index",
             source_column="source",
             metadata_columns=("source", "index"),
@@ -163,6 +167,7 @@ KINDS: dict[str, Kind] = {
             ("query", "answer", "resource"),
             _flat("query"),
             reads=("query",),
+            text_column="query",
             source_column="resource",
             metadata_columns=("resource", "lang"),
         ),
@@ -171,6 +176,7 @@ KINDS: dict[str, Kind] = {
             ("query", "response", "type"),
             _flat("query"),
             reads=("query",),
+            text_column="query",
             metadata_columns=("type",),
         ),
         Kind(

@@ -12,6 +12,13 @@ from include.prompts.schemas import ROLE_NAMES, RawTurn
 Message = dict[str, str]
 
 
+#: The multi-turn policies ``to_messages`` knows.
+POLICIES = ("first_user", "until_first_trained_assistant", "until_last_user")
+#: Drop details shared with the prepare stage's column-wise path for flat layouts.
+EMPTY_DETAIL = "the last prompt turn is empty or whitespace"
+INVALID_UNICODE_DETAIL = "text holds invalid unicode (lone surrogates)"
+
+
 class DropRow(Exception):
     """A row yields no prompt; ``reason`` is one of the funnel's drop reasons."""
 
@@ -65,13 +72,10 @@ def _many_turns(turns: Sequence[RawTurn], policy: str) -> list[Message]:
 
     messages = [{"role": r, "content": t.content} for r, t in kept]
     if not messages[-1]["content"].strip() or all(not m["content"].strip() for m in messages):
-        raise DropRow("empty", "the last prompt turn is empty or whitespace")
+        raise DropRow("empty", EMPTY_DETAIL)
     for m in messages:
         _check_encodable(m["content"])
     return messages
-
-
-_POLICIES = ("first_user", "until_first_trained_assistant", "until_last_user")
 
 
 def _one_turn(turn: RawTurn, policy: str) -> list[Message]:
@@ -83,11 +87,11 @@ def _one_turn(turn: RawTurn, policy: str) -> list[Message]:
         raise DropRow("unknown_role", f"role {turn.role!r}")
     if role != "user":
         raise DropRow("no_user_turn", f"roles {[role]}")
-    if policy not in _POLICIES:
+    if policy not in POLICIES:
         raise ValueError(f"unknown multi_turn policy {policy!r}")
     content = turn.content
     if not content.strip():
-        raise DropRow("empty", "the last prompt turn is empty or whitespace")
+        raise DropRow("empty", EMPTY_DETAIL)
     _check_encodable(content)
     return [{"role": "user", "content": content}]
 
@@ -98,7 +102,7 @@ def _check_encodable(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise DropRow("malformed", "text holds invalid unicode (lone surrogates)") from None
+        raise DropRow("malformed", INVALID_UNICODE_DETAIL) from None
 
 
 _SPACE = re.compile(r"\s+")
@@ -112,11 +116,19 @@ def _fold(text: str) -> str:
     # NFKC and holds no zero-width characters, ``str.replace`` per character deletes exactly
     # what ``translate`` does, and ``str.split()`` / ``str.strip()`` use the same white space
     # as ``\s`` in a str pattern (``str.isspace``), so split + join folds runs and strips ends.
+    #
+    # Most prompts are folded already; that is checked first, in C: ``isprintable()`` is
+    # false for every white space character but the ASCII space (all are in categories Z* or
+    # Cc) and for the zero-width ones (Cf), so a printable text without two spaces in a row
+    # or a space at either end has nothing to delete, fold or strip.
     if not text.isascii():
         text = unicodedata.normalize("NFKC", text)
-        for ch in _INVISIBLE_CHARS:
-            if ch in text:
-                text = text.replace(ch, "")
+        if not text.isprintable():
+            for ch in _INVISIBLE_CHARS:
+                if ch in text:
+                    text = text.replace(ch, "")
+    if text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text
     return " ".join(text.split())
 
 

@@ -1,0 +1,96 @@
+"""Run planning: reuse or refuse existing prompt shards, shard ranges, staggered first wave."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from include.generation.shard import journal_prefix, wait_for_progress
+from include.prompts import MANIFEST_KEY, PrepareError
+from include.prompts.plan import outputs_uri, plan_run, prepare_or_reuse, stagger
+from include.settings import RunSettings, SettingsError
+from include.storage import LocalStore
+
+
+def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
+    ids = [f"shard-{i:05d}" for i in range(6)]
+    assert stagger(ids, 3) == [
+        None,
+        {"shard_id": "shard-00000", "fraction": 0.3333},
+        {"shard_id": "shard-00000", "fraction": 0.6667},
+        None, None, None,
+    ]
+    assert stagger(ids, 1) == [None] * 6
+    assert stagger([], 3) == []
+
+
+@pytest.fixture
+def settings(tmp_path) -> RunSettings:
+    return RunSettings.from_mapping({"output_uri": str(tmp_path), "run_name": "r",
+                                     "shard_size": 60})
+
+
+def test_plan_reuses_shards_prepared_with_the_same_settings(settings, caplog) -> None:
+    first = plan_run(settings, "run-1", 3)
+    store = LocalStore(settings.run_uri)
+    before = store.read(MANIFEST_KEY)
+    again = plan_run(settings, "run-2", 3)
+    assert [p["shard_id"] for p in again] == [p["shard_id"] for p in first]
+    assert store.read(MANIFEST_KEY) == before
+    assert first[1]["wait_for"] == {"shard_id": first[0]["shard_id"], "fraction": 0.3333}
+
+
+def test_plan_refuses_shards_prepared_with_other_settings(settings) -> None:
+    prepare_or_reuse(settings)
+    other = RunSettings.from_mapping({**settings.to_dict(), "seed": 5})
+    with pytest.raises(PrepareError, match=r"different: \['seed'\]"):
+        prepare_or_reuse(other)
+
+
+def test_shard_range_skips_complete_shards_and_force_goes_elsewhere(settings) -> None:
+    plan_run(settings, "run-1")
+    store = LocalStore(settings.run_uri)
+    store.write_new("tokenized/shard-00001.manifest.json", b"{}")
+    ranged = RunSettings.from_mapping({**settings.to_dict(), "shard_range": "0-2"})
+    assert [p["shard_id"] for p in plan_run(ranged, "run-2")] == ["shard-00000", "shard-00002"]
+    forced = RunSettings.from_mapping({**ranged.to_dict(), "force_regenerate": True})
+    plan = plan_run(forced, "manual__2026-11-30T01:00:00+00:00")
+    assert [p["shard_id"] for p in plan] == ["shard-00000", "shard-00001", "shard-00002"]
+    assert plan[0]["outputs_uri"] == outputs_uri(forced, "manual__2026-11-30T01:00:00+00:00")
+    assert "/regenerations/manual__2026-11-30T01_00_00_00_00" in plan[0]["outputs_uri"]
+    too_far = RunSettings.from_mapping({**settings.to_dict(), "shard_range": "0-99"})
+    with pytest.raises(SettingsError, match="outside the"):
+        plan_run(too_far, "run-3")
+
+
+def test_a_staggered_shard_starts_when_the_leader_reaches_its_fraction(settings) -> None:
+    plan = plan_run(settings, "run-1", 2)
+    store = LocalStore(settings.run_uri)
+    leader = plan[0]["shard_id"]
+    size = json.loads(store.read(MANIFEST_KEY))["shards"][0]["count"]
+    started = threading.Event()
+
+    def follower() -> None:
+        wait_for_progress(store, store, plan[1]["shard_id"], leader, 0.5, poll_s=0.05)
+        started.set()
+
+    threading.Thread(target=follower, daemon=True).start()
+    lines = [json.dumps({"id": f"x{i}", "status": "completed"}) for i in range(size // 2 - 1)]
+    store.write_new(f"{journal_prefix(leader)}/part-1.jsonl", ("\n".join(lines) + "\n").encode())
+    time.sleep(0.3)
+    assert not started.is_set()  # one prompt short of half
+    store.write_new(f"{journal_prefix(leader)}/part-2.jsonl",
+                    b'{"id": "last", "status": "completed"}\n')
+    assert started.wait(5)
+
+
+def test_a_stalled_leader_does_not_hold_a_shard_back_forever(settings) -> None:
+    plan = plan_run(settings, "run-1", 2)
+    store = LocalStore(settings.run_uri)
+    t0 = time.monotonic()
+    wait_for_progress(store, store, plan[1]["shard_id"], plan[0]["shard_id"], 0.5,
+                      timeout_s=0.3, poll_s=0.05)
+    assert time.monotonic() - t0 < 3
