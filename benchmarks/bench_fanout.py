@@ -9,7 +9,7 @@ servers, and then, in the same run, with one shard at a time. The whole-job thro
 (servers' own token counters, job start to last shard done) is compared with the stand-ins'
 ceiling.
 
-    python -m benchmarks.bench_fanout [--shards 12] [--shard-size 500]
+    python -m benchmarks.bench_fanout [--shards 12] [--shard-size 1000]
 
 Prints a table, then one JSON object on the last line.
 """
@@ -77,7 +77,9 @@ def main() -> None:
     """Run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=12)
-    parser.add_argument("--shard-size", type=int, default=500)
+    parser.add_argument("--shard-size", type=int,
+                        default=RunSettings.from_mapping({}).shard_size,
+                        help="prompts per shard (default: the shard_size setting's default)")
     parser.add_argument("--time-scale", type=float, default=0.25)
     parser.add_argument("--max-tokens", type=int, default=1024)
     args = parser.parse_args()

@@ -14,21 +14,35 @@ shuffled with the seed (so each shard mixes sources and lengths) and cut into sh
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
+import mmap
 import os
 import random
 import tempfile
+import threading
 from array import array
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from hashlib import blake2b as _blake2b
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from include.prompts.readers import MALFORMED_KEY, RowBatch, iter_batches, resolve_files
-from include.prompts.schemas import KINDS, Kind, MalformedRow, check_kind, detect_kind
+from include.prompts.schemas import (
+    KINDS,
+    ROLE_NAMES,
+    Kind,
+    MalformedRow,
+    check_kind,
+    detect_kind,
+)
 from include.prompts.turns import (
     EMPTY_DETAIL,
     INVALID_UNICODE_DETAIL,
@@ -344,18 +358,26 @@ class _SourceReader:
         self.funnel.kind = self.kind.name
         return self.kind
 
-    def column_wise(self, batch: RowBatch) -> bool:
-        """Return whether the batch can take the column-wise path for flat layouts."""
+    def column_wise(self, batch: RowBatch) -> list[Any] | None:
+        """Return each row's prompt turns or drop, if the batch can take the column-wise path.
+
+        Each item is a list of (role, content) pairs, or a ``_Drop``; None means the batch
+        needs the row-by-row path (no Arrow table, or a layout or value it does not cover).
+        """
         kind = self.kind
         assert kind is not None
-        return (
-            batch.table is not None
-            and kind.text_column is not None
-            and kind.extra_metadata is None
-            and self.languages is None
-            and self.source.multi_turn in POLICIES
-            and not {"source_kind", "config"} & set(kind.metadata_columns)
-        )
+        if (
+            batch.table is None
+            or kind.extra_metadata is not None
+            or self.source.multi_turn not in POLICIES
+            or {"source_kind", "config"} & set(kind.metadata_columns)
+        ):
+            return None
+        if kind.text_column is not None:
+            return _flat_prompts(kind, batch.column(kind.text_column))
+        if kind.turn_list is not None:
+            return _turn_list_prompts(batch.table, kind.turn_list, self.source.multi_turn)
+        return None
 
     def rows(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
         """Return the keys and JSON lines of a batch's candidates (any layout, row by row)."""
@@ -398,73 +420,73 @@ class _SourceReader:
             )
         return keys, lines
 
-    def columns(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
-        """Return what ``rows`` returns for a batch of a flat layout, working column-wise.
+    def columns(self, batch: RowBatch, prompts: list[Any]) -> tuple[list[bytes], list[bytes]]:
+        """Return what ``rows`` returns for a batch, given ``column_wise``'s prompts.
 
-        The same checks in the same order with the same drop details, the key
-        ``dedupe_key`` gives for one user turn and the bytes ``encode_record`` gives, without
-        a dict, a RawTurn or a message list per row (tests compare the two paths).
+        The same checks in the same order with the same drop details, the key ``dedupe_key``
+        gives and the bytes ``encode_record`` gives, without a row dict, RawTurns or message
+        dicts per row (tests compare the two paths).
         """
         kind, source, funnel = self.kind, self.source, self.funnel
-        assert kind is not None and kind.text_column is not None
-        texts = batch.column(kind.text_column)
+        assert kind is not None
         raw_ids = batch.column(kind.id_column) if kind.id_column else None
+        langs = batch.column(kind.language_column) if self.languages is not None else None
         labels = batch.column(kind.source_column) if self.excluded else None
-        meta = _FlatMetadata(kind, source, batch)
-        excluded, prefix, seen_ids = self.excluded, self.id_prefix, self.seen_ids
-        funnel.read += len(texts)
-        pending: list[tuple[str, str, int]] = []  # row id, text, row offset
-        for offset, text in enumerate(texts):
+        meta = _ColumnMetadata(kind, source, batch)
+        languages, excluded = self.languages, self.excluded
+        prefix, seen_ids = self.id_prefix, self.seen_ids
+        funnel.read += len(prompts)
+        pending: list[tuple[str, list[tuple[str, str]], int]] = []  # row id, turns, row offset
+        for offset, prompt in enumerate(prompts):
             index = batch.start + offset
             if raw_ids is None:  # ids from the row index are unique: no need to remember them
                 rid = f"{prefix}{index}"
-            else:
+            else:  # _row_id
                 raw = raw_ids[offset]
                 rid = f"{prefix}{raw if raw not in (None, '') else index}"
                 if rid in seen_ids:
                     rid = f"{prefix}{raw}#{index}"
                 seen_ids.add(rid)
-            if type(text) is not str:
-                try:
-                    kind.turns({kind.text_column: text})
-                except MalformedRow as exc:  # always: the kind's own message
-                    funnel.drop("malformed", rid, str(exc))
-                    continue
-                raise AssertionError(f"kind {kind.name} accepted non-text {text!r}")
-            if not text.strip():
-                funnel.drop("empty", rid, EMPTY_DETAIL)
+            if type(prompt) is _Drop:
+                funnel.drop(prompt.reason, rid, prompt.detail)
                 continue
-            if not text.isascii():
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:
-                    funnel.drop("malformed", rid, INVALID_UNICODE_DETAIL)
-                    continue
+            if langs is not None and langs[offset] not in languages:  # type: ignore[operator]
+                funnel.drop("filtered_language", rid, str(langs[offset]))
+                continue
             if labels is not None and labels[offset] in excluded:
                 funnel.drop("filtered_source", rid, str(labels[offset]))
                 continue
-            pending.append((rid, text, offset))
+            pending.append((rid, prompt, offset))
         if self.unit == "characters":
-            lengths: Any = [len(t) for _, t, _ in pending]
+            lengths: Any = [sum(len(c) for _, c in turns) for _, turns, _ in pending]
         else:
-            lengths = self.count_lengths([[{"role": "user", "content": t}] for _, t, _ in pending])
+            lengths = self.count_lengths(
+                [[{"role": r, "content": c} for r, c in turns] for _, turns, _ in pending]
+            )
         keys: list[bytes] = []
         lines: list[bytes] = []
         tail = f',"source":{_encode_str(source.name)}}}\n'
-        for (rid, text, offset), length in zip(pending, lengths, strict=True):
+        for (rid, turns, offset), length in zip(pending, lengths, strict=True):
             if not self._length_ok(rid, length):
                 continue
-            keys.append(
-                _blake2b(("user\x1f" + _fold(text)).encode("utf-8"), digest_size=16).digest()
-            )
+            if len(turns) == 1:
+                role, content = turns[0]
+                text = role + "\x1f" + _fold(content)
+                messages = '{"content":' + _encode_str(content) + ',"role":"' + role + '"}'
+            else:
+                text = "\x1e".join([r + "\x1f" + _fold(c) for r, c in turns])
+                messages = ",".join(
+                    ['{"content":' + _encode_str(c) + ',"role":"' + r + '"}' for r, c in turns]
+                )
+            keys.append(_blake2b(text.encode("utf-8"), digest_size=16).digest())
             lines.append(
                 (
                     '{"id":'
                     + _encode_str(rid)
-                    + ',"messages":[{"content":'
-                    + _encode_str(text)
-                    + ',"role":"user"}],"metadata":'
-                    + meta.json(offset)
+                    + ',"messages":['
+                    + messages
+                    + '],"metadata":'
+                    + meta.json[offset]
                     + tail
                 ).encode("utf-8")
             )
@@ -480,37 +502,171 @@ class _SourceReader:
         return True
 
 
-class _FlatMetadata:
-    """The ``metadata`` JSON of a flat layout's rows, as ``encode_record`` writes it."""
+class _ColumnMetadata:
+    """The ``metadata`` JSON of each row of a batch, as ``encode_record`` writes it."""
 
     def __init__(self, kind: Kind, source: SourceSettings, batch: RowBatch) -> None:
         fixed = {"source_kind": kind.name}
         if source.config:
             fixed["config"] = source.config
-        # Sorted keys, as encode_record sorts them; a column's key is left out where the row
-        # holds None, as _metadata leaves it out.
-        self._fields: list[tuple[str, str | None, list[Any] | None]] = [
-            (
-                f"{_encode_str(k)}:",
-                _encode_str(fixed[k]) if k in fixed else None,
-                None if k in fixed else batch.column(k),
-            )
-            for k in sorted({*fixed, *kind.metadata_columns})
+        n = len(batch)
+        # One JSON fragment per row and key, column by column, in sorted key order (as
+        # encode_record sorts keys); "" where the row holds None (_metadata leaves it out).
+        columns: list[Iterable[str]] = []
+        for key in sorted({*fixed, *kind.metadata_columns}):
+            name = _encode_str(key) + ":"
+            if key in fixed:
+                columns.append(repeat(name + _encode_str(fixed[key]), n))
+            else:
+                columns.append(_fragments(name, batch.column(key)))
+        self.json = [
+            "{" + ",".join([f for f in row if f]) + "}" for row in zip(*columns, strict=True)
         ]
 
-    def json(self, offset: int) -> str:
-        parts = []
-        for key, fixed, values in self._fields:
-            if fixed is not None:
-                parts.append(key + fixed)
-            else:
-                assert values is not None
-                value = values[offset]
-                if value is not None:
-                    parts.append(
-                        key + (_encode_str(value) if type(value) is str else _encode(value))
-                    )
-        return "{" + ",".join(parts) + "}"
+
+def _fragments(name: str, values: list[Any]) -> list[str]:
+    memo: dict[str, str] = {}  # labels repeat (sources, languages): encode each once
+    out = []
+    for value in values:
+        if value is None:
+            out.append("")
+        elif type(value) is str:
+            fragment = memo.get(value)
+            if fragment is None:
+                fragment = memo[value] = name + _encode_str(value)
+            out.append(fragment)
+        elif type(value) is int:  # the encoder writes ints with int.__repr__ too
+            out.append(name + repr(value))
+        else:
+            out.append(name + _encode(value))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Drop:
+    """A row the column-wise path drops before its filters, with the row path's details."""
+
+    reason: str
+    detail: str
+
+
+_EMPTY = _Drop("empty", EMPTY_DETAIL)
+_INVALID_UNICODE = _Drop("malformed", INVALID_UNICODE_DETAIL)
+
+
+def _flat_prompts(kind: Kind, texts: list[Any]) -> list[Any]:
+    """Return the prompt (one user turn) or drop of each row of a flat layout.
+
+    As ``to_messages(kind.turns(row), policy)`` for any known policy: every policy keeps a
+    lone user turn whole.
+    """
+    column = kind.text_column
+    assert column is not None
+    out: list[Any] = []
+    for text in texts:
+        if type(text) is not str:
+            try:
+                kind.turns({column: text})
+            except MalformedRow as exc:  # always: the kind's own message
+                out.append(_Drop("malformed", str(exc)))
+                continue
+            raise AssertionError(f"kind {kind.name} took non-text {text!r} as a prompt")
+        if not text.strip():
+            out.append(_EMPTY)
+        elif not text.isascii() and not _encodable(text):
+            out.append(_INVALID_UNICODE)
+        else:
+            out.append([("user", text)])
+    return out
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _turn_list_prompts(
+    table: Any, turn_list: tuple[str, str, str], policy: str
+) -> list[Any] | None:
+    """Return the prompt turns or drop of each row whose turns are a list of objects.
+
+    As ``to_messages(kind.turns(row), policy)``, read from the flattened Arrow list instead
+    of a dict per turn. None (take the row path) unless every row holds a list of objects
+    with string role and content and no loss flags: the checks for anything else stay in
+    one place, ``schemas._turn_list``.
+    """
+    import pyarrow as pa
+
+    column, role_key, content_key = turn_list
+    if column not in table.column_names:
+        return None
+    turns = table.column(column).combine_chunks()
+    kind_of = turns.type
+    if not (pa.types.is_list(kind_of) or pa.types.is_large_list(kind_of)):
+        return None
+    struct = kind_of.value_type
+    if not pa.types.is_struct(struct) or struct.get_field_index("loss") != -1:
+        return None
+    fields = [struct.get_field_index(role_key), struct.get_field_index(content_key)]
+    if -1 in fields or any(not pa.types.is_string(struct.field(i).type) for i in fields):
+        return None
+    flat = turns.flatten()  # the turns of these rows only, also when sliced
+    roles_arr, contents_arr = flat.field(fields[0]), flat.field(fields[1])
+    if turns.null_count or flat.null_count or roles_arr.null_count or contents_arr.null_count:
+        return None
+    offsets = turns.offsets.to_pylist()
+    base = offsets[0]
+    roles = roles_arr.to_pylist()
+    contents = contents_arr.to_pylist()
+    role_names: dict[str, str | None] = {}
+    out: list[Any] = []
+    for row in range(len(turns)):
+        lo, hi = offsets[row] - base, offsets[row + 1] - base
+        mapped = []
+        drop = None
+        for raw in roles[lo:hi]:
+            role = role_names.get(raw, "")
+            if role == "":
+                role = role_names[raw] = ROLE_NAMES.get(raw.strip().lower())
+            if role is None:
+                drop = _Drop("unknown_role", f"role {raw!r}")
+                break
+            mapped.append(role)
+        if drop is None:
+            drop = _cut(mapped, policy)
+        if type(drop) is _Drop:
+            out.append(drop)
+            continue
+        kept = [(mapped[i], contents[lo + i]) for i in drop]
+        if not kept[-1][1].strip() or all(not c.strip() for _, c in kept):
+            out.append(_EMPTY)
+        elif not all(c.isascii() or _encodable(c) for _, c in kept):
+            out.append(_INVALID_UNICODE)
+        else:
+            out.append(kept)
+    return out
+
+
+def _cut(roles: list[str], policy: str) -> Any:
+    """Return the indices of the turns a policy keeps (no loss flags), or a ``_Drop``.
+
+    ``turns._many_turns`` on mapped roles.
+    """
+    users = [i for i, role in enumerate(roles) if role == "user"]
+    if not users:
+        return _Drop("no_user_turn", f"roles {roles}")
+    if policy == "first_user":
+        first = users[0]
+        return [i for i in range(first) if roles[i] == "system"] + [first]
+    if policy == "until_first_trained_assistant":  # no loss flags: the first assistant turn
+        cut = roles.index("assistant") if "assistant" in roles else len(roles)
+        if not any(r == "user" for r in roles[:cut]):
+            return _Drop("no_user_turn", "no user turn before the first trained assistant turn")
+        return list(range(cut))
+    return list(range(users[-1] + 1))  # until_last_user
 
 
 def _map_source(
@@ -539,7 +695,8 @@ def _map_source(
             if reader.kind is None:
                 first = next((r for r in batch.rows if MALFORMED_KEY not in r), None)
                 reader.set_kind(batch.columns, first)
-            keys, lines = (reader.columns if reader.column_wise(batch) else reader.rows)(batch)
+            prompts = reader.column_wise(batch)
+            keys, lines = reader.rows(batch) if prompts is None else reader.columns(batch, prompts)
             out.keys += keys
             for line in lines:
                 size += len(line)
@@ -621,6 +778,28 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
     location, create-only: run again with the same inputs and settings, it rewrites nothing
     and returns the same manifest; with different ones, it fails instead of overwriting.
     """
+    with _gc_paused():
+        return _prepare(settings, store)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for the block (as it was before, after it).
+
+    The per-row work allocates millions of short-lived lists and tuples that form no cycles
+    (reference counting frees them); the collector's passes over them, ever longer as the
+    stage's long-lived containers grow, cost a large share of the time and free nothing.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
     store = store or open_store(settings.run_uri)
     unit, count_lengths = _length_counter(settings)
     log.info(
@@ -644,8 +823,12 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
         def read(si: int) -> _Candidates:
             return _map_source(si, sources[si], settings, unit, count_lengths, tmp)
 
+        sizes = [_source_bytes(source) for source in sources]
+        parallel = usable_cpus() >= 2 and sum(sizes) >= PARALLEL_MIN_BYTES
+        # The largest sources first: the two processes then end at about the same time.
+        claims = sorted(range(len(sources)), key=lambda si: -sizes[si])
         for si, candidates in enumerate(
-            map_in_order(len(sources), read, parallel=_use_worker(settings))
+            map_in_order(len(sources), read, parallel=parallel, claim_order=claims)
         ):
             source, funnel = sources[si], candidates.funnel
             kept.append(_dedupe(si, candidates, existing, seen_keys))
@@ -699,37 +882,66 @@ def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[s
 def _write_shards(
     store: Store, kept: list[_Kept], order: array, size: int, n_shards: int
 ) -> list[dict[str, Any]]:
-    fds = [os.open(k.path, os.O_RDONLY) for k in kept]
+    """Write the shards in ``order``; return their manifest entries.
+
+    Lines are sliced out of the memory-mapped candidate files (no system call per line), and
+    each shard is hashed and stored in a background thread while the next one is cut: both
+    release the GIL for the long parts (hashing, writing, fsync).
+    """
+    maps = [_map_file(k.path) for k in kept]
     starts = [k.starts for k in kept]
     lengths = [k.lengths for k in kept]
+    failed = threading.Event()  # as in a plain loop, no shard is written after one failed
     try:
-        shards = []
-        for n in range(n_shards):
-            lines = []
-            for code in order[n * size : (n + 1) * size]:
-                si, i = code >> 32, code & 0xFFFFFFFF
-                length = lengths[si][i]
-                line = os.pread(fds[si], length, starts[si][i])
-                if len(line) != length:  # never seen on a local file; do not trust it
-                    raise PrepareError(f"spool {kept[si].path} was cut short; nothing written")
-                lines.append(line)
-            data = b"".join(lines)
-            created = store.write_new(shard_key(n), data)
-            shards.append(
-                {
-                    "shard_id": shard_id(n),
-                    "key": shard_key(n),
-                    "count": len(lines),
-                    "sha256": sha256_hex(data),
-                    "bytes": len(data),
-                }
-            )
-            if not created:
-                log.info("%s already written with identical content; kept", shard_key(n))
-        return shards
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-shards") as pool:
+            writes: list[Future[dict[str, Any]]] = []
+            for n in range(n_shards):
+                lines = []
+                for code in order[n * size : (n + 1) * size]:
+                    si, i = code >> 32, code & 0xFFFFFFFF
+                    start = starts[si][i]
+                    line = maps[si][start : start + lengths[si][i]]
+                    if len(line) != lengths[si][i]:  # never seen on a local file
+                        raise PrepareError(f"spool {kept[si].path} was cut short; nothing written")
+                    lines.append(line)
+                if n >= 2:  # at most two shards in memory besides the one being cut
+                    writes[n - 2].result()
+                writes.append(
+                    pool.submit(_write_shard, store, n, b"".join(lines), len(lines), failed)
+                )
+            return [w.result() for w in writes]
     finally:
-        for fd in fds:
-            os.close(fd)
+        for m in maps:
+            if m is not None:
+                m.close()
+
+
+def _map_file(path: str) -> mmap.mmap | None:
+    with open(path, "rb") as fh:
+        if not os.fstat(fh.fileno()).st_size:
+            return None  # mmap refuses empty files; nothing is read from them either
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _write_shard(
+    store: Store, n: int, data: bytes, count: int, failed: threading.Event
+) -> dict[str, Any]:
+    if failed.is_set():
+        raise PrepareError(f"{shard_key(n)} not written: an earlier shard failed")
+    try:
+        created = store.write_new(shard_key(n), data)
+    except BaseException:
+        failed.set()
+        raise
+    if not created:
+        log.info("%s already written with identical content; kept", shard_key(n))
+    return {
+        "shard_id": shard_id(n),
+        "key": shard_key(n),
+        "count": count,
+        "sha256": sha256_hex(data),
+        "bytes": len(data),
+    }
 
 
 #: Below this many bytes of local source files the stage runs in one process: forking a
@@ -737,19 +949,14 @@ def _write_shards(
 PARALLEL_MIN_BYTES = 64 << 20
 
 
-def _use_worker(settings: RunSettings) -> bool:
-    """Return whether a second process should share the per-row work."""
-    if usable_cpus() < 2:
-        return False
-    total = 0
-    for source in settings.sources:
-        if not source.path:
-            return True  # a hub download and its rows: large as a rule
-        try:
-            total += sum(os.path.getsize(f) for f in resolve_files(source))
-        except (OSError, RuntimeError):
-            continue  # reported by the read itself, in its turn
-    return total >= PARALLEL_MIN_BYTES
+def _source_bytes(source: SourceSettings) -> float:
+    """Return the size of a source's files: the estimate of its share of the work."""
+    if not source.path:
+        return math.inf  # a hub download and its rows: large as a rule
+    try:
+        return sum(os.path.getsize(f) for f in resolve_files(source))
+    except (OSError, RuntimeError):
+        return 0  # reported by the read itself, in its turn
 
 
 def format_funnel(manifest: dict[str, Any]) -> str:

@@ -62,6 +62,9 @@ class Kind:
     #: Flat layouts: the one column whose text is the whole prompt, a single user turn
     #: (``turns`` gives exactly that, or raises MalformedRow where the value is not text).
     text_column: str | None = None
+    #: Layouts whose turns are a list of objects (not a JSON string): the column, the role
+    #: key and the content key ``turns`` reads.
+    turn_list: tuple[str, str, str] | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -146,6 +149,7 @@ KINDS: dict[str, Kind] = {
             "infinity_instruct",
             ("conversations", "langdetect"),
             _turn_list("conversations", "from", "value"),
+            turn_list=("conversations", "from", "value"),
             reads=("conversations",),
             id_column="id",
             language_column="langdetect",
@@ -183,6 +187,7 @@ KINDS: dict[str, Kind] = {
             "hermes_function_calling",
             ("conversations", "category"),
             _turn_list("conversations", "from", "value"),
+            turn_list=("conversations", "from", "value"),
             reads=("conversations", "tools"),
             id_column="id",
             metadata_columns=("category", "subcategory", "task"),
@@ -192,6 +197,7 @@ KINDS: dict[str, Kind] = {
             "agentinstruct",
             ("conversations",),
             _turn_list("conversations", "from", "value"),
+            turn_list=("conversations", "from", "value"),
             reads=("conversations",),
             id_column="id",
             detect=lambda cols, row: (
@@ -210,6 +216,7 @@ KINDS: dict[str, Kind] = {
             "agent_flan",
             ("conversation",),
             _turn_list("conversation", "role", "content"),
+            turn_list=("conversation", "role", "content"),
             reads=("conversation",),
             id_column="id",
         ),

@@ -15,7 +15,7 @@ import os
 import pickle
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,19 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def map_in_order(jobs: int, work: Callable[[int], T], *, parallel: bool) -> Iterator[T]:
+def map_in_order(
+    jobs: int,
+    work: Callable[[int], T],
+    *,
+    parallel: bool,
+    claim_order: Sequence[int] | None = None,
+) -> Iterator[T]:
     """Yield ``work(0)``, ..., ``work(jobs - 1)`` in order; raise what a job raised, in turn.
 
     With ``parallel``, a worker forked now claims jobs from a shared counter, as the caller
     does between the results it yields: each job runs once, in whichever process is free.
+    Jobs are claimed in ``claim_order`` (default: job order); the longest first balances
+    the two processes best.
     ``work`` runs in the worker on the state forked with it, so it must return a picklable
     result and must not depend on what the caller does after the fork. Results are pickled
     back through a file each (the pipe carries only their names, so the worker never waits for
@@ -50,13 +58,16 @@ def map_in_order(jobs: int, work: Callable[[int], T], *, parallel: bool) -> Iter
         for i in range(jobs):
             yield work(i)
         return
+    order = list(range(jobs)) if claim_order is None else list(claim_order)
+    if sorted(order) != list(range(jobs)):
+        raise ValueError(f"claim_order must order the jobs 0..{jobs - 1}, got {order}")
     ctx = multiprocessing.get_context("fork")
     counter = ctx.Value("i", 0)
     receive, send = ctx.Pipe(duplex=False)
     results = tempfile.TemporaryDirectory(prefix="prepare-results-")
     worker = ctx.Process(
         target=_worker,
-        args=(jobs, work, counter, send, results.name),
+        args=(order, work, counter, send, results.name),
         name="prepare-worker",
         daemon=True,
     )
@@ -66,7 +77,7 @@ def map_in_order(jobs: int, work: Callable[[int], T], *, parallel: bool) -> Iter
     try:
         nxt = 0
         while nxt < jobs:
-            i = _claim(counter, jobs)
+            i = _claim(counter, order)
             if i is not None:
                 try:
                     done[i] = (work(i), None)
@@ -90,13 +101,13 @@ def map_in_order(jobs: int, work: Callable[[int], T], *, parallel: bool) -> Iter
         results.cleanup()
 
 
-def _claim(counter: Any, jobs: int) -> int | None:
+def _claim(counter: Any, order: list[int]) -> int | None:
     with counter.get_lock():
-        i = counter.value
-        if i >= jobs:
+        n = counter.value
+        if n >= len(order):
             return None
-        counter.value = i + 1
-        return i
+        counter.value = n + 1
+        return order[n]
 
 
 def _receive(receive: Any, done: dict[int, tuple[Any, BaseException | None]], worker: Any) -> None:
@@ -113,9 +124,11 @@ def _receive(receive: Any, done: dict[int, tuple[Any, BaseException | None]], wo
     os.unlink(path)
 
 
-def _worker(jobs: int, work: Callable[[int], Any], counter: Any, send: Any, directory: str) -> None:
+def _worker(
+    order: list[int], work: Callable[[int], Any], counter: Any, send: Any, directory: str
+) -> None:
     try:
-        while (i := _claim(counter, jobs)) is not None:
+        while (i := _claim(counter, order)) is not None:
             try:
                 outcome: tuple[Any, BaseException | None] = (work(i), None)
             except Exception as exc:
