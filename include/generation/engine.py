@@ -319,21 +319,26 @@ class _Run:
             else:
                 self.pending.append(item)
 
+    def _fill(self) -> None:
+        # Called from the dispatch loop and straight from each request's completion, so a
+        # finished request is replaced without a round trip through the loop.
+        while not self.fatal:
+            while not self.pending and self.unplanned:
+                self._plan_more()
+            if not self.pending:
+                return
+            server = self.pool.pick()
+            if server is None:
+                return
+            self._start(self._session, server, self.pending.popleft(), self._timeout)
+
     async def _dispatch(self, session: aiohttp.ClientSession, timeout: Any) -> None:
+        self._session, self._timeout = session, timeout
         all_down_since: float | None = None
         while (
             self.pending or self.unplanned or self.in_flight or self.delayed
         ) and not self.fatal:
-            while True:
-                while not self.pending and self.unplanned:
-                    self._plan_more()
-                if not self.pending:
-                    break
-                server = self.pool.pick()
-                if server is None:
-                    break
-                item = self.pending.popleft()
-                self._start(session, server, item, timeout)
+            self._fill()
             if self.pool.healthy_count() == 0 and not self.in_flight:
                 all_down_since = all_down_since or time.monotonic()
                 down_for = time.monotonic() - all_down_since
@@ -376,7 +381,11 @@ class _Run:
             item.attempts -= 1
             self.pending.appendleft(item)
             return
-        result = task.result()
+        self._handle(task.result(), server, item)
+        if self.in_flight or self.pending or self.unplanned:
+            self._fill()
+
+    def _handle(self, result: c.ChatResult, server: ServerState, item: _Item) -> None:
         if result.ok:
             self.pool.record_success(server, int(result.usage.get("completion_tokens") or 0))
             self._complete(item, result, server)

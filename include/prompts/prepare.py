@@ -18,7 +18,6 @@ import gc
 import json
 import logging
 import math
-import mmap
 import os
 import random
 import tempfile
@@ -30,9 +29,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from hashlib import blake2b as _blake2b
-from itertools import repeat
+from itertools import accumulate, repeat
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from include.prompts.readers import MALFORMED_KEY, RowBatch, iter_batches, resolve_files
 from include.prompts.schemas import (
@@ -379,6 +380,20 @@ class _SourceReader:
             return _turn_list_prompts(batch.table, kind.turn_list, self.source.multi_turn)
         return None
 
+    def batch(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
+        """Return the keys and JSON lines of a batch's candidates, by the fastest exact path."""
+        kind = self.kind
+        assert kind is not None
+        if (
+            kind.text_column is not None
+            and self.unit == "characters"
+            and self.languages is None
+            and self.column_wise(batch) is not None
+        ):
+            return self.flat_columns(batch)
+        prompts = self.column_wise(batch)
+        return self.rows(batch) if prompts is None else self.columns(batch, prompts)
+
     def rows(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
         """Return the keys and JSON lines of a batch's candidates (any layout, row by row)."""
         kind, source, funnel = self.kind, self.source, self.funnel
@@ -466,8 +481,10 @@ class _SourceReader:
         keys: list[bytes] = []
         lines: list[bytes] = []
         tail = f',"source":{_encode_str(source.name)}}}\n'
+        shortest, longest = self.settings.min_prompt_length, self.settings.max_prompt_length
         for (rid, turns, offset), length in zip(pending, lengths, strict=True):
-            if not self._length_ok(rid, length):
+            if length < shortest or (longest is not None and length > longest):
+                self._length_ok(rid, length)  # counts the drop
                 continue
             if len(turns) == 1:
                 role, content = turns[0]
@@ -487,6 +504,67 @@ class _SourceReader:
                     + messages
                     + '],"metadata":'
                     + meta.json[offset]
+                    + tail
+                ).encode("utf-8")
+            )
+        return keys, lines
+
+    def flat_columns(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
+        """Return what ``columns`` returns for a flat layout with lengths in characters.
+
+        One pass per row and no per-row containers: the commonest case (most rows of the
+        usual sources), so written out whole. Drops come in row order per reason, as there.
+        """
+        kind, source, funnel = self.kind, self.source, self.funnel
+        assert kind is not None and kind.text_column is not None
+        texts = batch.column(kind.text_column)
+        raw_ids = batch.column(kind.id_column) if kind.id_column else None
+        labels = batch.column(kind.source_column) if self.excluded else None
+        metadata = _ColumnMetadata(kind, source, batch).json
+        excluded, prefix, seen_ids = self.excluded, self.id_prefix, self.seen_ids
+        shortest, longest = self.settings.min_prompt_length, self.settings.max_prompt_length
+        head, tail = ',"messages":[{"content":', f',"source":{_encode_str(source.name)}}}\n'
+        funnel.read += len(texts)
+        keys: list[bytes] = []
+        lines: list[bytes] = []
+        for offset, text in enumerate(texts):
+            index = batch.start + offset
+            if raw_ids is None:  # ids from the row index are unique: no need to remember them
+                rid = f"{prefix}{index}"
+            else:  # _row_id
+                raw = raw_ids[offset]
+                rid = f"{prefix}{raw if raw not in (None, '') else index}"
+                if rid in seen_ids:
+                    rid = f"{prefix}{raw}#{index}"
+                seen_ids.add(rid)
+            if type(text) is not str:
+                drop = _flat_prompts(kind, [text])[0]
+                funnel.drop(drop.reason, rid, drop.detail)
+                continue
+            if not text.strip():
+                funnel.drop("empty", rid, EMPTY_DETAIL)
+                continue
+            if not text.isascii() and not _encodable(text):
+                funnel.drop("malformed", rid, INVALID_UNICODE_DETAIL)
+                continue
+            if labels is not None and labels[offset] in excluded:
+                funnel.drop("filtered_source", rid, str(labels[offset]))
+                continue
+            length = len(text)
+            if length < shortest or (longest is not None and length > longest):
+                self._length_ok(rid, length)  # counts the drop
+                continue
+            keys.append(
+                _blake2b(("user\x1f" + _fold(text)).encode("utf-8"), digest_size=16).digest()
+            )
+            lines.append(
+                (
+                    '{"id":'
+                    + _encode_str(rid)
+                    + head
+                    + _encode_str(text)
+                    + ',"role":"user"}],"metadata":'
+                    + metadata[offset]
                     + tail
                 ).encode("utf-8")
             )
@@ -695,12 +773,11 @@ def _map_source(
             if reader.kind is None:
                 first = next((r for r in batch.rows if MALFORMED_KEY not in r), None)
                 reader.set_kind(batch.columns, first)
-            prompts = reader.column_wise(batch)
-            keys, lines = reader.rows(batch) if prompts is None else reader.columns(batch, prompts)
+            keys, lines = reader.batch(batch)
             out.keys += keys
-            for line in lines:
-                size += len(line)
-                out.ends.append(size)
+            ends = list(accumulate(map(len, lines), initial=size))  # the batch's start first
+            out.ends.extend(ends[1:])
+            size = ends[-1]
             fh.write(b"".join(lines))
     if reader.kind is None:
         log.warning("source %s: no rows", source.name)
@@ -884,26 +961,37 @@ def _write_shards(
 ) -> list[dict[str, Any]]:
     """Write the shards in ``order``; return their manifest entries.
 
-    Lines are sliced out of the memory-mapped candidate files (no system call per line), and
-    each shard is hashed and stored in a background thread while the next one is cut: both
-    release the GIL for the long parts (hashing, writing, fsync).
+    Each shard is hashed and stored in a background thread while the next one is read from
+    the candidate files: both release the GIL for their long parts (hashing, writing, fsync,
+    reading). Lines are read with ``pread``, not through ``mmap``: mapped pages would count in
+    the process's resident memory, up to the size of all candidates.
     """
-    maps = [_map_file(k.path) for k in kept]
-    starts = [k.starts for k in kept]
-    lengths = [k.lengths for k in kept]
+    fds = [os.open(k.path, os.O_RDONLY) for k in kept]
+    # Where each prompt in ``order`` lies (file, start, length), found for all at once.
+    first = np.cumsum([0] + [len(k.starts) for k in kept])
+    codes = np.frombuffer(order, dtype=np.int64)
+    flat = first[codes >> 32] + (codes & 0xFFFFFFFF)
+    line_file = np.repeat(np.arange(len(kept)), np.diff(first))[flat]
+    line_start = _concat([k.starts for k in kept])[flat]
+    line_length = _concat([k.lengths for k in kept])[flat]
+    del codes, flat
     failed = threading.Event()  # as in a plain loop, no shard is written after one failed
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-shards") as pool:
             writes: list[Future[dict[str, Any]]] = []
             for n in range(n_shards):
-                lines = []
-                for code in order[n * size : (n + 1) * size]:
-                    si, i = code >> 32, code & 0xFFFFFFFF
-                    start = starts[si][i]
-                    line = maps[si][start : start + lengths[si][i]]
-                    if len(line) != lengths[si][i]:  # never seen on a local file
-                        raise PrepareError(f"spool {kept[si].path} was cut short; nothing written")
-                    lines.append(line)
+                cut = slice(n * size, (n + 1) * size)
+                lines = [
+                    os.pread(fds[f], length, s)
+                    for f, s, length in zip(
+                        line_file[cut].tolist(),
+                        line_start[cut].tolist(),
+                        line_length[cut].tolist(),
+                        strict=True,
+                    )
+                ]
+                if sum(map(len, lines)) != int(line_length[cut].sum()):  # never seen locally
+                    raise PrepareError("a spool file was cut short; nothing written")
                 if n >= 2:  # at most two shards in memory besides the one being cut
                     writes[n - 2].result()
                 writes.append(
@@ -911,16 +999,15 @@ def _write_shards(
                 )
             return [w.result() for w in writes]
     finally:
-        for m in maps:
-            if m is not None:
-                m.close()
+        for fd in fds:
+            os.close(fd)
 
 
-def _map_file(path: str) -> mmap.mmap | None:
-    with open(path, "rb") as fh:
-        if not os.fstat(fh.fileno()).st_size:
-            return None  # mmap refuses empty files; nothing is read from them either
-        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+def _concat(arrays: list[array]) -> np.ndarray:
+    return np.concatenate([np.frombuffer(a, dtype=np.int64) for a in arrays] + [_NO_INTS])
+
+
+_NO_INTS = np.empty(0, dtype=np.int64)
 
 
 def _write_shard(
