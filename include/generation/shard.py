@@ -58,6 +58,7 @@ def generate_shard(
         manifest = json.loads(store.read(manifest_key))
         log.info("%s: already generated (%s); nothing to do", shard_id, store.uri(manifest_key))
         return {"shard_id": shard_id, "already_done": True, "counts": manifest["counts"]}
+    store.write_new(started_key(shard_id), b"")
     if wait_for:
         wait_for_progress(store, prompts_store, shard_id, wait_for["shard_id"],
                           wait_for["fraction"])
@@ -90,38 +91,63 @@ def generate_shard(
     }
 
 
+def started_key(shard_id: str) -> str:
+    """Return the key of the marker a shard writes when its generation starts."""
+    return f"{journal_prefix(shard_id)}/started"
+
+
 def wait_for_progress(
     store: Store,
     prompts_store: Store,
     shard_id: str,
     leader: str,
     fraction: float,
+    *,
+    start_grace_s: float = 15.0,
+    stall_s: float = 60.0,
     timeout_s: float = 900.0,
     poll_s: float = 2.0,
 ) -> None:
-    """Block until shard ``leader`` has finished ``fraction`` of its prompts (or is done).
+    """Block until shard ``leader`` has finished ``fraction`` of its prompts, then return.
 
-    Gives up after ``timeout_s`` (a failed or slow leader must not hold this shard back for
-    long) and then simply starts.
+    Never a deadlock: it returns at once when the leader is done, after ``start_grace_s``
+    when the leader has not started (an executor with fewer slots, or ``airflow dags test``
+    running tasks one at a time), when the leader makes no progress for ``stall_s``, and
+    after ``timeout_s`` in any case.
     """
     from include.prompts import MANIFEST_KEY
     from include.prompts.prepare import shard_index
 
     shards = json.loads(prompts_store.read(MANIFEST_KEY))["shards"]
     need = fraction * shards[shard_index(leader)]["count"]
-    deadline = time.monotonic() + timeout_s
+    began = time.monotonic()
+    last_done, last_change = -1, began
     log.info("%s: staggered start, waiting for %s to finish %.0f%% of its prompts",
              shard_id, leader, 100 * fraction)
-    while time.monotonic() < deadline:
+    while True:
+        now = time.monotonic()
         if store.exists(output_keys(leader)[1]):
             return
-        done = len(load_journal_records(store, leader))
-        if done >= need:
-            log.info("%s: %s has finished %d prompts; starting", shard_id, leader, done)
+        if not store.exists(started_key(leader)):
+            if now - began >= start_grace_s:
+                log.info("%s: %s has not started; starting now", shard_id, leader)
+                return
+        else:
+            done = len(load_journal_records(store, leader))
+            if done >= need:
+                log.info("%s: %s has finished %d prompts; starting", shard_id, leader, done)
+                return
+            if done != last_done:
+                last_done, last_change = done, now
+            elif now - last_change >= stall_s:
+                log.warning("%s: %s made no progress for %.0fs; starting anyway", shard_id,
+                            leader, stall_s)
+                return
+        if now - began >= timeout_s:
+            log.warning("%s: %s did not reach %.0f%% in %.0fs; starting anyway", shard_id,
+                        leader, 100 * fraction, timeout_s)
             return
         time.sleep(poll_s)
-    log.warning("%s: %s did not reach %.0f%% in %.0fs; starting anyway", shard_id, leader,
-                100 * fraction, timeout_s)
 
 
 def build_shard_output(

@@ -167,8 +167,8 @@ class _Kept:
     """A source's kept prompts after dedupe: line ``i`` is at ``starts[i]`` in ``path``."""
 
     path: str
-    starts: array
-    lengths: array
+    starts: np.ndarray
+    lengths: np.ndarray
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
@@ -359,40 +359,32 @@ class _SourceReader:
         self.funnel.kind = self.kind.name
         return self.kind
 
-    def column_wise(self, batch: RowBatch) -> list[Any] | None:
-        """Return each row's prompt turns or drop, if the batch can take the column-wise path.
-
-        Each item is a list of (role, content) pairs, or a ``_Drop``; None means the batch
-        needs the row-by-row path (no Arrow table, or a layout or value it does not cover).
-        """
+    def column_wise(self, batch: RowBatch) -> bool:
+        """Return whether a batch may take a column-wise path (else it goes row by row)."""
         kind = self.kind
         assert kind is not None
-        if (
-            batch.table is None
-            or kind.extra_metadata is not None
-            or self.source.multi_turn not in POLICIES
-            or {"source_kind", "config"} & set(kind.metadata_columns)
-        ):
-            return None
-        if kind.text_column is not None:
-            return _flat_prompts(kind, batch.column(kind.text_column))
-        if kind.turn_list is not None:
-            return _turn_list_prompts(batch.table, kind.turn_list, self.source.multi_turn)
-        return None
+        return (
+            batch.table is not None
+            and (kind.text_column is not None or kind.turn_list is not None)
+            and kind.extra_metadata is None
+            and self.source.multi_turn in POLICIES
+            and not {"source_kind", "config"} & set(kind.metadata_columns)
+        )
 
     def batch(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
         """Return the keys and JSON lines of a batch's candidates, by the fastest exact path."""
         kind = self.kind
         assert kind is not None
-        if (
-            kind.text_column is not None
-            and self.unit == "characters"
-            and self.languages is None
-            and self.column_wise(batch) is not None
-        ):
-            return self.flat_columns(batch)
-        prompts = self.column_wise(batch)
-        return self.rows(batch) if prompts is None else self.columns(batch, prompts)
+        if self.column_wise(batch):
+            if kind.text_column is not None:
+                if self.unit == "characters" and self.languages is None:
+                    return self.flat_columns(batch)
+                return self.columns(batch, _flat_prompts(kind, batch.column(kind.text_column)))
+            assert kind.turn_list is not None
+            prompts = _turn_list_prompts(batch.table, kind.turn_list, self.source.multi_turn)
+            if prompts is not None:
+                return self.columns(batch, prompts)
+        return self.rows(batch)
 
     def rows(self, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
         """Return the keys and JSON lines of a batch's candidates (any layout, row by row)."""
@@ -436,11 +428,13 @@ class _SourceReader:
         return keys, lines
 
     def columns(self, batch: RowBatch, prompts: list[Any]) -> tuple[list[bytes], list[bytes]]:
-        """Return what ``rows`` returns for a batch, given ``column_wise``'s prompts.
+        """Return what ``rows`` returns for a batch, given each row's prompt turns or drop.
 
-        The same checks in the same order with the same drop details, the key ``dedupe_key``
-        gives and the bytes ``encode_record`` gives, without a row dict, RawTurns or message
-        dicts per row (tests compare the two paths).
+        ``prompts`` holds a list of (role, content) pairs or a ``_Drop`` per row
+        (``_flat_prompts``, ``_turn_list_prompts``). The same checks in the same order with
+        the same drop details, the key ``dedupe_key`` gives and the bytes ``encode_record``
+        gives, without a row dict, RawTurns or message dicts per row (tests compare the two
+        paths).
         """
         kind, source, funnel = self.kind, self.source, self.funnel
         assert kind is not None
@@ -806,12 +800,10 @@ def _dedupe(
         seen[key] = si
         kept.append(c)
     funnel.kept = len(kept)
-    ends = candidates.ends
-    starts = array("q", [ends[c - 1] if c else 0 for c in kept])
-    lengths = array("q", [ends[c] for c in kept])
-    for i, start in enumerate(starts):
-        lengths[i] -= start
-    return _Kept(candidates.path, starts, lengths)
+    ends = np.frombuffer(candidates.ends, dtype=np.int64)
+    chosen = np.frombuffer(kept, dtype=np.int64)
+    starts = np.where(chosen > 0, ends[chosen - 1], 0)  # candidate c starts where c - 1 ends
+    return _Kept(candidates.path, starts, ends[chosen] - starts)
 
 
 def _drop_candidate(funnel: SourceFunnel, reason: str, candidates: _Candidates, c: int) -> None:
@@ -961,10 +953,10 @@ def _write_shards(
 ) -> list[dict[str, Any]]:
     """Write the shards in ``order``; return their manifest entries.
 
-    Each shard is hashed and stored in a background thread while the next one is read from
-    the candidate files: both release the GIL for their long parts (hashing, writing, fsync,
-    reading). Lines are read with ``pread``, not through ``mmap``: mapped pages would count in
-    the process's resident memory, up to the size of all candidates.
+    Each shard is stored in a background thread while the next one is read from the
+    candidate files and hashed: both sides release the GIL for their long parts (writing and
+    fsync; reading and hashing). Lines are read with ``pread``, not through ``mmap``: mapped
+    pages would count in the process's resident memory, up to the size of all candidates.
     """
     fds = [os.open(k.path, os.O_RDONLY) for k in kept]
     # Where each prompt in ``order`` lies (file, start, length), found for all at once.
@@ -972,8 +964,8 @@ def _write_shards(
     codes = np.frombuffer(order, dtype=np.int64)
     flat = first[codes >> 32] + (codes & 0xFFFFFFFF)
     line_file = np.repeat(np.arange(len(kept)), np.diff(first))[flat]
-    line_start = _concat([k.starts for k in kept])[flat]
-    line_length = _concat([k.lengths for k in kept])[flat]
+    line_start = np.concatenate([k.starts for k in kept] + [_NO_INTS])[flat]
+    line_length = np.concatenate([k.lengths for k in kept] + [_NO_INTS])[flat]
     del codes, flat
     failed = threading.Event()  # as in a plain loop, no shard is written after one failed
     try:
@@ -994,24 +986,23 @@ def _write_shards(
                     raise PrepareError("a spool file was cut short; nothing written")
                 if n >= 2:  # at most two shards in memory besides the one being cut
                     writes[n - 2].result()
-                writes.append(
-                    pool.submit(_write_shard, store, n, b"".join(lines), len(lines), failed)
-                )
+                data = b"".join(lines)
+                entry = {
+                    "shard_id": shard_id(n),
+                    "key": shard_key(n),
+                    "count": len(lines),
+                    "sha256": sha256_hex(data),  # here: the thread is the slower side
+                    "bytes": len(data),
+                }
+                writes.append(pool.submit(_write_shard, store, n, data, entry, failed))
             return [w.result() for w in writes]
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _concat(arrays: list[array]) -> np.ndarray:
-    return np.concatenate([np.frombuffer(a, dtype=np.int64) for a in arrays] + [_NO_INTS])
-
-
-_NO_INTS = np.empty(0, dtype=np.int64)
-
-
 def _write_shard(
-    store: Store, n: int, data: bytes, count: int, failed: threading.Event
+    store: Store, n: int, data: bytes, entry: dict[str, Any], failed: threading.Event
 ) -> dict[str, Any]:
     if failed.is_set():
         raise PrepareError(f"{shard_key(n)} not written: an earlier shard failed")
@@ -1022,14 +1013,10 @@ def _write_shard(
         raise
     if not created:
         log.info("%s already written with identical content; kept", shard_key(n))
-    return {
-        "shard_id": shard_id(n),
-        "key": shard_key(n),
-        "count": count,
-        "sha256": sha256_hex(data),
-        "bytes": len(data),
-    }
+    return entry
 
+
+_NO_INTS = np.empty(0, dtype=np.int64)
 
 #: Below this many bytes of local source files the stage runs in one process: forking a
 #: worker costs more than it saves on small inputs (tests set it to 0 to run the worker).

@@ -62,7 +62,8 @@ def map_in_order(
     if sorted(order) != list(range(jobs)):
         raise ValueError(f"claim_order must order the jobs 0..{jobs - 1}, got {order}")
     ctx = multiprocessing.get_context("fork")
-    counter = ctx.Value("i", 0)
+    counter = ctx.Value("i", 1)  # the caller takes the first job before the fork: which
+    # process runs which job (and holds its memory) does not depend on who is quicker
     receive, send = ctx.Pipe(duplex=False)
     results = tempfile.TemporaryDirectory(prefix="prepare-results-")
     worker = ctx.Process(
@@ -76,8 +77,8 @@ def map_in_order(
     done: dict[int, tuple[Any, BaseException | None]] = {}
     try:
         nxt = 0
+        i: int | None = order[0]
         while nxt < jobs:
-            i = _claim(counter, order)
             if i is not None:
                 try:
                     done[i] = (work(i), None)
@@ -92,6 +93,7 @@ def map_in_order(
                     raise error
                 yield result
                 nxt += 1
+            i = _claim(counter, order)
         worker.join()
     finally:
         if worker.is_alive():  # the caller stopped early or a job failed: stop the worker

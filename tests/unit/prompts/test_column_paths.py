@@ -113,7 +113,7 @@ def _outputs(settings: RunSettings) -> dict[str, bytes]:
 
 
 def _row_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prepare._SourceReader, "column_wise", lambda self, batch: None)
+    monkeypatch.setattr(prepare._SourceReader, "column_wise", lambda self, batch: False)
 
 
 _VARIANTS = [

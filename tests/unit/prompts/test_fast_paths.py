@@ -65,10 +65,14 @@ def test_fold_agrees_on_every_code_point_between_words() -> None:
 @pytest.mark.parametrize(
     "record",
     [
-        {"id": "a:b:1", "source": "s", "messages": [{"role": "user", "content": "hi"}],
-         "metadata": {"source_kind": "k", "index": 3}},
+        {
+            "id": "a:b:1",
+            "source": "s",
+            "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"source_kind": "k", "index": 3},
+        },
         {"z": 1.5, "a": [math.inf, -math.inf, math.nan, 0.1, 10**30], "m": {"b": None, "a": True}},
-        {"text": "quote \" back \\ ctrl \x00\x1f\x7f tab\t nl\n unicode é 数学 🙂 \u2028"},
+        {"text": 'quote " back \\ ctrl \x00\x1f\x7f tab\t nl\n unicode é 数学 🙂 \u2028'},
         {"label": {"ability_en": ["math"], "ability_zh": [], "nested": {"y": [1, {"x": 2}]}}},
         {"when": datetime.date(2024, 1, 2), "amount": decimal.Decimal("1.10"), "raw": b"x"},
         {"tuple": (1, "two"), "empty": {}, "int_keyed": {2: "b", 1: "a"}},

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from include.generation.shard import journal_prefix, wait_for_progress
+from include.generation.shard import journal_prefix, started_key, wait_for_progress
 from include.prompts import MANIFEST_KEY, PrepareError
 from include.prompts.plan import outputs_uri, plan_run, prepare_or_reuse, stagger
 from include.settings import RunSettings, SettingsError
@@ -21,7 +21,9 @@ def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
         None,
         {"shard_id": "shard-00000", "fraction": 0.3333},
         {"shard_id": "shard-00000", "fraction": 0.6667},
-        None, None, None,
+        None,
+        None,
+        None,
     ]
     assert stagger(ids, 1) == [None] * 6
     assert stagger([], 3) == []
@@ -29,8 +31,9 @@ def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
 
 @pytest.fixture
 def settings(tmp_path) -> RunSettings:
-    return RunSettings.from_mapping({"output_uri": str(tmp_path), "run_name": "r",
-                                     "shard_size": 60})
+    return RunSettings.from_mapping(
+        {"output_uri": str(tmp_path), "run_name": "r", "shard_size": 60}
+    )
 
 
 def test_plan_reuses_shards_prepared_with_the_same_settings(settings, caplog) -> None:
@@ -77,20 +80,26 @@ def test_a_staggered_shard_starts_when_the_leader_reaches_its_fraction(settings)
         wait_for_progress(store, store, plan[1]["shard_id"], leader, 0.5, poll_s=0.05)
         started.set()
 
+    store.write_new(started_key(leader), b"")
     threading.Thread(target=follower, daemon=True).start()
     lines = [json.dumps({"id": f"x{i}", "status": "completed"}) for i in range(size // 2 - 1)]
     store.write_new(f"{journal_prefix(leader)}/part-1.jsonl", ("\n".join(lines) + "\n").encode())
     time.sleep(0.3)
     assert not started.is_set()  # one prompt short of half
-    store.write_new(f"{journal_prefix(leader)}/part-2.jsonl",
-                    b'{"id": "last", "status": "completed"}\n')
+    store.write_new(
+        f"{journal_prefix(leader)}/part-2.jsonl", b'{"id": "last", "status": "completed"}\n'
+    )
     assert started.wait(5)
 
 
-def test_a_stalled_leader_does_not_hold_a_shard_back_forever(settings) -> None:
+def test_a_follower_never_waits_long_for_a_leader_that_is_not_running(settings) -> None:
     plan = plan_run(settings, "run-1", 2)
     store = LocalStore(settings.run_uri)
+    leader, follower = plan[0]["shard_id"], plan[1]["shard_id"]
+    t0 = time.monotonic()  # not started (a one-slot executor runs the follower first)
+    wait_for_progress(store, store, follower, leader, 0.5, start_grace_s=0.3, poll_s=0.05)
+    assert time.monotonic() - t0 < 3
+    store.write_new(started_key(leader), b"")  # started, then stalled
     t0 = time.monotonic()
-    wait_for_progress(store, store, plan[1]["shard_id"], plan[0]["shard_id"], 0.5,
-                      timeout_s=0.3, poll_s=0.05)
+    wait_for_progress(store, store, follower, leader, 0.5, stall_s=0.3, poll_s=0.05)
     assert time.monotonic() - t0 < 3

@@ -68,8 +68,14 @@ def test_trap_rows_land_under_their_documented_reason(make_settings, tmp_path) -
     for kind, traps in TRAPS.items():
         path = tmp_path / f"{kind}.parquet"
         write_parquet(path, [row for row, _ in traps])
-        sources.append({"name": kind, "kind": kind, "path": str(path),
-                        "exclude_sources": ["socratic"] if kind == "webinstructsub" else []})
+        sources.append(
+            {
+                "name": kind,
+                "kind": kind,
+                "path": str(path),
+                "exclude_sources": ["socratic"] if kind == "webinstructsub" else [],
+            }
+        )
     manifest, _ = _run(make_settings(sources))
     for kind, traps in TRAPS.items():
         expected: dict[str, int] = {}
@@ -113,8 +119,9 @@ def test_duplicates_keep_the_first_by_source_order_then_row_order(make_settings,
     base = list(rows("metamathqa", 10, dup_share=0))
     write_json_array(a, base + [base[3]])
     write_json_array(b, base[:4])
-    manifest, store = _run(make_settings([{"name": "a", "path": str(a)},
-                                          {"name": "b", "path": str(b)}]))
+    manifest, store = _run(
+        make_settings([{"name": "a", "path": str(a)}, {"name": "b", "path": str(b)}])
+    )
     assert manifest["sources"]["a"]["dropped"] == {"duplicate_within_source": 1}
     assert manifest["sources"]["a"]["drop_samples"]["duplicate_within_source"] == ["a:default:10"]
     assert manifest["sources"]["b"]["dropped"] == {"duplicate_across_sources": 4}
@@ -139,8 +146,10 @@ def test_quota_is_a_seeded_sample_of_distinct_prompts(make_settings, tmp_path) -
     m3, s3 = _run(make_settings(src, run_name="c", seed=2))
     funnel = m1["sources"]["mm"]
     assert funnel["kept"] == 30
-    assert funnel["dropped"]["over_quota"] == funnel["read"] - 30 - funnel["dropped"][
-        "duplicate_within_source"]
+    assert (
+        funnel["dropped"]["over_quota"]
+        == funnel["read"] - 30 - funnel["dropped"]["duplicate_within_source"]
+    )
     ids = lambda m, s: sorted(p["id"] for p in _all_prompts(s, m))  # noqa: E731
     assert ids(m1, s1) == ids(m2, s2)
     assert ids(m1, s1) != ids(m3, s3)
@@ -170,9 +179,13 @@ def test_rerun_is_a_no_op_and_changed_settings_never_overwrite(make_settings, sa
 def test_language_and_source_filters(make_settings, tmp_path) -> None:
     ii = tmp_path / "ii.parquet"
     write_parquet(ii, list(rows("infinity_instruct", 200, dup_share=0)))
-    manifest, store = _run(make_settings([
-        {"name": "ii", "path": str(ii), "languages": ["en"], "exclude_sources": ["flan"]},
-    ]))
+    manifest, store = _run(
+        make_settings(
+            [
+                {"name": "ii", "path": str(ii), "languages": ["en"], "exclude_sources": ["flan"]},
+            ]
+        )
+    )
     funnel = manifest["sources"]["ii"]
     assert funnel["dropped"]["filtered_language"] > 0
     assert funnel["dropped"]["filtered_source"] > 0
@@ -192,14 +205,16 @@ def test_length_bounds_in_characters(make_settings, tmp_path) -> None:
     path = tmp_path / "mm.json"
     records = list(rows("metamathqa", 50, dup_share=0))
     write_json_array(path, records)
-    manifest, store = _run(make_settings([{"name": "mm", "path": str(path)}],
-                                         min_prompt_length=40, max_prompt_length=200))
+    manifest, store = _run(
+        make_settings(
+            [{"name": "mm", "path": str(path)}], min_prompt_length=40, max_prompt_length=200
+        )
+    )
     funnel = manifest["sources"]["mm"]
     lengths = [len(r["query"]) for r in records]
     assert funnel["dropped"].get("too_short", 0) == sum(n < 40 for n in lengths)
     assert funnel["dropped"].get("too_long", 0) == sum(n > 200 for n in lengths)
-    assert all(40 <= len(p["messages"][0]["content"]) <= 200
-               for p in _all_prompts(store, manifest))
+    assert all(40 <= len(p["messages"][0]["content"]) <= 200 for p in _all_prompts(store, manifest))
 
 
 def test_dedupe_against_an_existing_prompt_set(make_settings, tmp_path) -> None:
@@ -207,13 +222,24 @@ def test_dedupe_against_an_existing_prompt_set(make_settings, tmp_path) -> None:
     records = list(rows("metamathqa", 20, dup_share=0))
     write_json_array(path, records)
     existing = tmp_path / "existing.jsonl"
-    existing.write_text("".join(
-        json.dumps({"id": i, "conversations": [{"role": "user", "content": r["query"]},
-                                               {"role": "assistant", "content": "old"}]}) + "\n"
-        for i, r in enumerate(records[:7])
-    ))
-    manifest, _ = _run(make_settings([{"name": "mm", "path": str(path)}],
-                                     dedupe_against=[str(existing)]))
+    existing.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": i,
+                    "conversations": [
+                        {"role": "user", "content": r["query"]},
+                        {"role": "assistant", "content": "old"},
+                    ],
+                }
+            )
+            + "\n"
+            for i, r in enumerate(records[:7])
+        )
+    )
+    manifest, _ = _run(
+        make_settings([{"name": "mm", "path": str(path)}], dedupe_against=[str(existing)])
+    )
     assert manifest["sources"]["mm"]["dropped"] == {"already_in_existing_set": 7}
 
 
