@@ -281,3 +281,20 @@ def test_prompt_ids_are_source_config_and_row_id(make_settings, sample_dir) -> N
     assert by_source["infinity_instruct"].startswith("infinity_instruct:0625:")
     assert by_source["metamathqa"].startswith("metamathqa:default:")
     assert by_source["agentinstruct"].startswith("agentinstruct:os:os_")
+
+
+def test_length_bounds_in_tokens_of_the_target_tokenizer(make_settings, tmp_path) -> None:
+    from include.tokenization import count_prompt_tokens, load_tokenizer
+    from sglang_standin.tokenizer import build_chat_tokenizer
+
+    tok_dir = build_chat_tokenizer(tmp_path / "tok")
+    path = tmp_path / "mm.json"
+    records = list(rows("metamathqa", 40, dup_share=0))
+    write_json_array(path, records)
+    manifest, store = _run(make_settings([{"name": "mm", "path": str(path)}],
+                                         tokenizer_path=str(tok_dir), max_prompt_length=60))
+    tokens = count_prompt_tokens(load_tokenizer(str(tok_dir)),
+                                 [[{"role": "user", "content": r["query"]}] for r in records])
+    assert manifest["length_unit"] == "tokens"
+    assert manifest["sources"]["mm"]["dropped"].get("too_long", 0) == sum(n > 60 for n in tokens)
+    assert 0 < manifest["sources"]["mm"]["kept"] < 40
