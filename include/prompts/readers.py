@@ -60,8 +60,10 @@ class RowBatch:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """Return the rows as dicts (made once from the table, with the values ``datasets``
-        gives in its Python format: ``Table.to_pydict``)."""
+        """Return the rows as dicts, made from the table once.
+
+        The values are those ``datasets`` gives in its Python format (``Table.to_pydict``).
+        """
         if self._rows is None:
             names = self.table.column_names
             values = [self.table.column(c).to_pylist() for c in names]

@@ -287,6 +287,16 @@ def test_flat_columns_key_and_line_equal_the_row_path(make_settings, tmp_path) -
         assert line == prepare.encode_record({**record, "metadata": meta})
 
 
+def test_only_the_ascii_space_is_printable_among_what_fold_deletes_or_folds() -> None:
+    # _fold's shortcut and _encode_str rely on isprintable() being false for these.
+    from include.prompts.turns import _INVISIBLE_CHARS
+
+    for c in range(sys.maxunicode + 1):
+        ch = chr(c)
+        if ch != " " and (ch.isspace() or ch in _INVISIBLE_CHARS or c < 0x20):
+            assert not ch.isprintable(), hex(c)
+
+
 def test_encode_str_equals_the_encoder_on_every_code_point() -> None:
     escape = json.encoder.encode_basestring
     for c in range(sys.maxunicode + 1):
