@@ -304,12 +304,16 @@ def _check_filters(source: SourceSettings, kind: Kind) -> None:
         )
 
 
-def _row_id(source: SourceSettings, kind: Kind, row: dict, index: int, seen: set[str]) -> str:
-    config = source.config or "default"
-    raw = row.get(kind.id_column) if kind.id_column else None
-    rid = f"{source.name}:{config}:{raw if raw not in (None, '') else index}"
+def _row_id(prefix: str, raw: Any, index: int, seen: set[str] | None) -> str:
+    """Return ``<source>:<config>:<row id or index>`` (``prefix`` holds the first two parts).
+
+    ``seen`` is None when ids come from the row index, which is unique by itself.
+    """
+    if seen is None:
+        return f"{prefix}{index}"
+    rid = f"{prefix}{raw if raw not in (None, '') else index}"
     if rid in seen:  # published ids are not always unique; the row index always is
-        rid = f"{source.name}:{config}:{raw}#{index}"
+        rid = f"{prefix}{raw}#{index}"
     seen.add(rid)
     return rid
 
@@ -397,7 +401,8 @@ class _SourceReader:
             if MALFORMED_KEY in row:
                 funnel.drop("malformed", f"{self.id_prefix}{index}", row[MALFORMED_KEY])
                 continue
-            rid = _row_id(source, kind, row, index, self.seen_ids)
+            rid = _row_id(self.id_prefix, row.get(kind.id_column) if kind.id_column else None,
+                          index, self.seen_ids)
             try:
                 messages = to_messages(kind.turns(row), source.multi_turn)
             except MalformedRow as exc:
@@ -448,14 +453,8 @@ class _SourceReader:
         pending: list[tuple[str, list[tuple[str, str]], int]] = []  # row id, turns, row offset
         for offset, prompt in enumerate(prompts):
             index = batch.start + offset
-            if raw_ids is None:  # ids from the row index are unique: no need to remember them
-                rid = f"{prefix}{index}"
-            else:  # _row_id
-                raw = raw_ids[offset]
-                rid = f"{prefix}{raw if raw not in (None, '') else index}"
-                if rid in seen_ids:
-                    rid = f"{prefix}{raw}#{index}"
-                seen_ids.add(rid)
+            rid = _row_id(prefix, raw_ids[offset] if raw_ids is not None else None, index,
+                          seen_ids if raw_ids is not None else None)
             if type(prompt) is _Drop:
                 funnel.drop(prompt.reason, rid, prompt.detail)
                 continue
@@ -523,14 +522,8 @@ class _SourceReader:
         lines: list[bytes] = []
         for offset, text in enumerate(texts):
             index = batch.start + offset
-            if raw_ids is None:  # ids from the row index are unique: no need to remember them
-                rid = f"{prefix}{index}"
-            else:  # _row_id
-                raw = raw_ids[offset]
-                rid = f"{prefix}{raw if raw not in (None, '') else index}"
-                if rid in seen_ids:
-                    rid = f"{prefix}{raw}#{index}"
-                seen_ids.add(rid)
+            rid = _row_id(prefix, raw_ids[offset] if raw_ids is not None else None, index,
+                          seen_ids if raw_ids is not None else None)
             if type(text) is not str:
                 drop = _flat_prompts(kind, [text])[0]
                 funnel.drop(drop.reason, rid, drop.detail)
