@@ -306,10 +306,11 @@ class _Run:
         # chunk's tokenization instead of the whole shard's.
         if not self.unplanned:
             return
-        chunk = [self.unplanned.popleft()
-                 for _ in range(min(PLAN_CHUNK, len(self.unplanned)))]
+        chunk = [self.unplanned[i] for i in range(min(PLAN_CHUNK, len(self.unplanned)))]
         context = self._context_length()
         counts = self.count_tokens([p["messages"] for p in chunk])
+        for _ in chunk:  # taken off only once counted: a tokenizer error loses nothing
+            self.unplanned.popleft()
         for record, p_tokens in zip(chunk, counts, strict=True):
             budget = token_budget(p_tokens, context, self.cfg.max_tokens,
                                   self.cfg.context_margin, self.cfg.min_completion_tokens)
@@ -352,6 +353,7 @@ class _Run:
                     break
             else:
                 all_down_since = None
+            self.journal.flush_if_due()
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
@@ -381,9 +383,18 @@ class _Run:
             item.attempts -= 1
             self.pending.appendleft(item)
             return
-        self._handle(task.result(), server, item)
-        if self.in_flight or self.pending or self.unplanned:
-            self._fill()
+        try:
+            self._handle(task.result(), server, item)
+            if self.in_flight or self.pending or self.unplanned:
+                self._fill()
+        except Exception as exc:  # a callback must never drop a prompt: stop, keep it unfinished
+            if not self.fatal:
+                self.fatal = (f"{self.shard_id}: unexpected {type(exc).__name__} while handling "
+                              f"prompt {item.record['id']}: {exc}. Finished prompts are in the "
+                              "journal; run the shard again to resume.")
+                log.exception("%s", self.fatal)
+            if item.record["id"] not in self.records:
+                self.pending.appendleft(item)
 
     def _handle(self, result: c.ChatResult, server: ServerState, item: _Item) -> None:
         if result.ok:
@@ -397,7 +408,9 @@ class _Run:
                 "setting does not match the servers' --api-key. Nothing more is sent; fix "
                 "api_key and run the shard again (finished prompts are kept)."
             )
-            self._fail(item, result)
+            # Not the prompt's fault: leave it unfinished so the re-run sends it again.
+            item.attempts -= 1
+            self.pending.appendleft(item)
         elif result.retryable:
             self.pool.record_failure(server, result.error_kind or "", result.error)
             if item.attempts >= self.cfg.max_attempts:

@@ -39,6 +39,10 @@ class Journal(Protocol):
         """Make every appended line durable."""
         ...
 
+    def flush_if_due(self) -> None:
+        """Flush lines buffered longer than the journal's interval (call it now and then)."""
+        ...
+
     def close(self) -> None:
         """Flush and release the journal."""
         ...
@@ -65,7 +69,11 @@ class FileJournal:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = self.path.exists() and self.path.stat().st_size > 0 and not \
+            self.path.read_bytes().endswith(b"\n")
         self._fh = open(self.path, "ab")  # noqa: SIM115 - owned by the journal, closed in close()
+        if torn:  # a crash mid-line: end it, so the next record is not glued to its remains
+            self._fh.write(b"\n")
 
     def load(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -80,6 +88,9 @@ class FileJournal:
     def flush(self) -> None:
         self._fh.flush()
         os.fsync(self._fh.fileno())
+
+    def flush_if_due(self) -> None:
+        pass  # every line already reached the OS when it was appended
 
     def close(self) -> None:
         if not self._fh.closed:
@@ -122,6 +133,10 @@ class StoreJournal:
             len(self._buffer) >= self.flush_every
             or time.monotonic() - self._first_buffered >= self.flush_interval_s
         ):
+            self.flush()
+
+    def flush_if_due(self) -> None:
+        if self._buffer and time.monotonic() - self._first_buffered >= self.flush_interval_s:
             self.flush()
 
     def flush(self) -> None:

@@ -114,8 +114,10 @@ class ServerPool:
 
     def record_failure(self, server: ServerState, kind: str, message: str) -> None:
         """Count a retryable failure; eject the server if it looks down."""
-        from include.generation.client import CONNECT
+        from include.generation.client import CONNECT, QUEUE_FULL
 
+        if kind == QUEUE_FULL:
+            return  # a full queue is load, not a fault: back off, keep the server and its work
         server.consecutive_failures += 1
         if kind == CONNECT:
             self.eject(server, f"connection refused ({message})")

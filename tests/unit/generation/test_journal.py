@@ -57,3 +57,25 @@ def test_store_journal_flushes_by_count(tmp_path) -> None:
     for i in range(7):
         j.append({"id": str(i), "status": "completed"})
     assert len(StoreJournal(store, "journal/s").load()) == 6
+
+
+def test_file_journal_appends_after_a_torn_line_without_gluing(tmp_path) -> None:
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"id": "a", "status": "completed"}\n{"id": "b", "sta')
+    j = FileJournal(path)
+    j.append({"id": "c", "status": "completed"})
+    j.close()
+    assert set(FileJournal(path).load()) == {"a", "c"}
+
+
+def test_store_journal_flushes_old_lines_without_new_appends(tmp_path) -> None:
+    import time
+
+    store = LocalStore(tmp_path)
+    j = StoreJournal(store, "journal/s", flush_every=100, flush_interval_s=0.05)
+    j.append({"id": "a", "status": "completed"})
+    j.flush_if_due()
+    assert StoreJournal(store, "journal/s").load() == {}
+    time.sleep(0.06)
+    j.flush_if_due()
+    assert set(StoreJournal(store, "journal/s").load()) == {"a"}

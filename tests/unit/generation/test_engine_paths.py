@@ -1,0 +1,60 @@
+"""Engine paths that must never turn a prompt into a wrong final record."""
+
+from __future__ import annotations
+
+import pytest
+
+from include.generation import client as c
+from include.generation.engine import EngineConfig, _Item, _Run, run_shard
+from include.generation.journal import FileJournal
+from include.generation.pool import ServerPool
+
+
+def _config() -> EngineConfig:
+    return EngineConfig(model="m", context_length=4096, max_tokens=64, context_margin=16,
+                        min_completion_tokens=8, sampling={"temperature": 0, "top_p": 1})
+
+
+def _prompt(i: int) -> dict:
+    return {"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]}
+
+
+def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) -> None:
+    journal = FileJournal(tmp_path / "j.jsonl")
+    run = _Run("shard-00000", [_prompt(0)], lambda convs: [5] * len(convs), ["http://s"],
+               journal, _config())
+    run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
+                          max_window=1, eject_after_failures=3, health_interval_s=1)
+    item = _Item(_prompt(0), 5, 64, attempts=1)
+    result = c.ChatResult(server="http://s", status=401, error_kind=c.UNAUTHORIZED,
+                          error="Unauthorized")
+    run._handle(result, run.pool.servers[0], item)
+    journal.close()
+    assert run.fatal and "api_key" in run.fatal
+    assert FileJournal(tmp_path / "j.jsonl").load() == {}
+    assert list(run.pending) == [item] and item.attempts == 0
+
+
+def test_a_failing_tokenizer_stops_the_shard_and_loses_no_prompt(tmp_path) -> None:
+    def broken(convs):
+        raise RuntimeError("template error")
+
+    journal = FileJournal(tmp_path / "j.jsonl")
+    with pytest.raises(RuntimeError, match="template error"):
+        run_shard("shard-00000", [_prompt(i) for i in range(3)], ["http://127.0.0.1:9"],
+                  journal, _config(), broken)
+    journal.close()
+    assert FileJournal(tmp_path / "j.jsonl").load() == {}
+
+
+def test_queue_full_is_load_not_a_reason_to_eject() -> None:
+    pool = ServerPool(["http://s"], mode="fixed", start_window=4, min_window=1, max_window=8,
+                      eject_after_failures=2, health_interval_s=1)
+    server = pool.servers[0]
+    for _ in range(5):
+        pool.record_failure(server, c.QUEUE_FULL, "The request queue is full.")
+    assert server.healthy
+    for _ in range(2):
+        pool.record_failure(server, c.HTTP_5XX, "boom")
+    assert not server.healthy
+
