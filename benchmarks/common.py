@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from include.generation.pool import parse_metrics
 from sglang_standin.process import StandinProcess
 from sglang_standin.tokenizer import build_chat_tokenizer
 from synthetic_sources import rows
@@ -78,12 +79,8 @@ def realistic_prompts(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def _generated_tokens(urls: list[str]) -> float:
-    total = 0.0
-    for url in urls:
-        for line in get(url + "/metrics").splitlines():
-            if line.startswith("sglang:generation_tokens_total"):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(parse_metrics(get(url + "/metrics")).get("sglang:generation_tokens_total", 0.0)
+               for url in urls)
 
 
 class Sampler(threading.Thread):

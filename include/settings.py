@@ -585,9 +585,14 @@ class RunSettings:
         """Return the settings as JSON-ready data (the inverse of ``from_mapping``)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
+    def subset(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """Return the named settings as JSON-ready data."""
+        data = self.to_dict()
+        return {n: data[n] for n in names}
+
     def fingerprint(self, names: tuple[str, ...]) -> str:
         """Return a short stable hash of the named settings (e.g. those that shape prompts)."""
-        data = {n: self.to_dict()[n] for n in names}
+        data = self.subset(names)
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

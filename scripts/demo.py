@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from sglang_standin.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DAG_ID = "regenerate_drafter_data"
@@ -31,15 +32,9 @@ BUCKET = "demo"
 S3_CONN_ID = "demo_s3"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_s3() -> tuple[subprocess.Popen[bytes], str]:
     """Start moto's S3 server on a free loopback port; return it and its URL."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],

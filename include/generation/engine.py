@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -99,7 +99,6 @@ class _Item:
     max_tokens: int
     attempts: int = 0
     length_retried: bool = False
-    started: float = 0.0
 
 
 @dataclass
@@ -115,7 +114,6 @@ class ShardOutcome:
     elapsed_s: float
     output_tokens: int
     servers: list[dict[str, Any]]
-    completion_times: list[tuple[float, int]] = field(default_factory=list)
     #: ``time.monotonic()`` when the run started, and seconds from then to the last dispatch
     #: (after it only the drain is left: the longest requests finishing).
     started_monotonic: float = 0.0
@@ -174,7 +172,7 @@ class _Run:
         self.counts = collections.Counter({COMPLETED: 0, SKIPPED: 0, FAILED: 0})
         self.truncated = 0
         self.output_tokens = 0
-        self.completion_times: list[tuple[float, int]] = []
+        self.completed_here = 0  # completions of this run (not from the journal), for rates
         self.fatal: str | None = None
         self.wake = asyncio.Event()
         self.started = time.monotonic()
@@ -217,7 +215,7 @@ class _Run:
         if result.finish_reason == "length":
             self.truncated += 1
         self.output_tokens += out_tokens
-        self.completion_times.append((time.monotonic() - self.started, out_tokens))
+        self.completed_here += 1
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> ShardOutcome:
@@ -242,8 +240,8 @@ class _Run:
             shard_id=self.shard_id, total=len(self.prompts), resumed=resumed,
             records=self.records, counts=dict(self.counts), truncated=self.truncated,
             elapsed_s=elapsed, output_tokens=self.output_tokens,
-            servers=self._server_stats(), completion_times=self.completion_times,
-            started_monotonic=self.started, last_dispatch_s=self.last_dispatch_s,
+            servers=self._server_stats(), started_monotonic=self.started,
+            last_dispatch_s=self.last_dispatch_s,
         )
 
     async def _generate(self, todo: list[dict[str, Any]]) -> None:
@@ -265,9 +263,8 @@ class _Run:
             min_window=cfg.min_in_flight_per_server, max_window=cfg.max_in_flight_per_server,
             eject_after_failures=cfg.eject_after_failures,
             health_interval_s=cfg.health_interval_s, headers=self.headers,
-            metrics_interval_s=cfg.metrics_interval_s,
+            metrics_interval_s=cfg.metrics_interval_s, changed=self.wake,
         )
-        self.pool.changed = self.wake
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             try:
                 await self.pool.discover(session)
@@ -463,8 +460,7 @@ class _Run:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         finished = sum(self.counts.values())
         total = len(self.prompts)
-        done_here = len(self.completion_times)
-        rate = done_here / elapsed
+        rate = self.completed_here / elapsed
         eta = (total - finished) / rate if rate > 0 else float("inf")
         log.info(
             "%s %s: %d/%d finished (ok %d, skipped %d, failed %d, truncated %d) | %.2f req/s, "

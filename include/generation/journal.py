@@ -52,7 +52,8 @@ def _encode(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def _merge(lines: list[bytes], into: dict[str, dict[str, Any]]) -> None:
+def merge_lines(lines: list[bytes], into: dict[str, dict[str, Any]]) -> None:
+    """Add journal lines to ``into`` by id: the first line per id wins, torn lines are skipped."""
     for line in lines:
         if not line.strip():
             continue
@@ -78,7 +79,7 @@ class FileJournal:
     def load(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         if self.path.exists():
-            _merge(self.path.read_bytes().splitlines(), out)
+            merge_lines(self.path.read_bytes().splitlines(), out)
         return out
 
     def append(self, record: dict[str, Any]) -> None:
@@ -122,7 +123,7 @@ class StoreJournal:
         out: dict[str, dict[str, Any]] = {}
         for key in self.store.list(self.prefix):
             if key.endswith(".jsonl"):
-                _merge(self.store.read(key).splitlines(), out)
+                merge_lines(self.store.read(key).splitlines(), out)
         return out
 
     def append(self, record: dict[str, Any]) -> None:

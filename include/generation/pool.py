@@ -49,8 +49,6 @@ class ServerState:
     ejected_reason: str = ""
     completed: int = 0
     output_tokens: int = 0
-    queue_reqs: float | None = None
-    running_reqs: float | None = None
     metrics_available: bool = True
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -75,6 +73,7 @@ class ServerPool:
         health_interval_s: float,
         headers: dict[str, str] | None = None,
         metrics_interval_s: float = 1.0,
+        changed: asyncio.Event | None = None,
     ) -> None:
         if not urls:
             raise ValueError("no servers: set server_urls or gpu_hosts")
@@ -87,7 +86,8 @@ class ServerPool:
         self.headers = headers or {}
         window = start_window if mode == "fixed" else max(min_window, min(start_window, max_window))
         self.servers = [ServerState(url.rstrip("/"), window) for url in urls]
-        self.changed = asyncio.Event()
+        #: Set whenever a server's room changes (ejected, re-admitted, new window).
+        self.changed = changed or asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- selection ---------------------------------------------------------------------
@@ -237,7 +237,6 @@ class ServerPool:
         running = metrics.get("sglang:num_running_reqs")
         if queue is None or running is None:
             return
-        server.queue_reqs, server.running_reqs = queue, running
         new = next_window(server.window, server.in_flight, queue, running,
                           self.min_window, self.max_window)
         if new != server.window:

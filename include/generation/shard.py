@@ -15,7 +15,7 @@ from include.generation.engine import (
     check_accounting,
     run_shard,
 )
-from include.generation.journal import StoreJournal
+from include.generation.journal import StoreJournal, merge_lines
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
 from include.storage import Store, open_store, sha256_hex
@@ -122,6 +122,8 @@ def wait_for_progress(
     need = fraction * shards[shard_index(leader)]["count"]
     began = time.monotonic()
     last_done, last_change = -1, began
+    read_segments: set[str] = set()
+    finished: dict[str, dict[str, Any]] = {}
     log.info("%s: staggered start, waiting for %s to finish %.0f%% of its prompts",
              shard_id, leader, 100 * fraction)
     while True:
@@ -133,7 +135,12 @@ def wait_for_progress(
                 log.info("%s: %s has not started; starting now", shard_id, leader)
                 return
         else:
-            done = len(load_journal_records(store, leader))
+            # Segments never change once written: read each new one once.
+            for key in store.list(journal_prefix(leader)):
+                if key.endswith(".jsonl") and key not in read_segments:
+                    read_segments.add(key)
+                    merge_lines(store.read(key).splitlines(), finished)
+            done = len(finished)
             if done >= need:
                 log.info("%s: %s has finished %d prompts; starting", shard_id, leader, done)
                 return

@@ -44,7 +44,7 @@ def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
 
 
 def _differences(existing: dict[str, Any], settings: RunSettings) -> list[str]:
-    ours = {n: settings.to_dict()[n] for n in PREPARATION_SETTINGS}
+    ours = settings.subset(PREPARATION_SETTINGS)
     theirs = existing.get("preparation_settings", {})
     return [n for n in PREPARATION_SETTINGS if ours.get(n) != theirs.get(n)]
 

@@ -278,8 +278,6 @@ def _existing_messages(location: str, name: str, lineno: int, line: bytes) -> li
 
 
 def _role(name: Any) -> str:
-    from include.prompts.schemas import ROLE_NAMES
-
     return ROLE_NAMES.get(str(name).lower(), str(name))
 
 
@@ -918,7 +916,7 @@ def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
     manifest = {
         "stage": "prepare",
         "preparation_fingerprint": settings.fingerprint(PREPARATION_SETTINGS),
-        "preparation_settings": {n: settings.to_dict()[n] for n in PREPARATION_SETTINGS},
+        "preparation_settings": settings.subset(PREPARATION_SETTINGS),
         "length_unit": unit,
         "drop_reasons": list(DROP_REASONS),
         "sources": {f.name: f.to_dict() for f in funnels},

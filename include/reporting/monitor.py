@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from include.generation.journal import merge_lines
 from include.storage import LocalStore, Store
 
 #: Seconds of recent completions the tokens/s and ETA are computed over.
@@ -66,13 +67,9 @@ class RunMonitor:
         part = self._parts.get(key)
         if part is None:
             part = _Part()
-            for line in self.store.read(key).splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a torn line: its prompt is redone, as the journal itself does
-                if rec["id"] in part.status:
-                    continue
+            records: dict[str, dict[str, Any]] = {}
+            merge_lines(self.store.read(key).splitlines(), records)
+            for rec in records.values():
                 part.status[rec["id"]] = rec.get("status", "")
                 if rec.get("status") == "completed":
                     finished_at = float((rec.get("timings") or {}).get("finished_at") or 0)

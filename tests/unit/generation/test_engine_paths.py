@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from include.generation import client as c
-from include.generation.engine import EngineConfig, _Item, _Run, run_shard
+from include.generation.engine import EngineConfig, _Item, _Run
 from include.generation.journal import FileJournal
 from include.generation.pool import ServerPool
 
@@ -35,16 +35,19 @@ def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) ->
     assert list(run.pending) == [item] and item.attempts == 0
 
 
-def test_a_failing_tokenizer_stops_the_shard_and_loses_no_prompt(tmp_path) -> None:
+def test_a_failing_tokenizer_loses_no_prompt(tmp_path) -> None:
     def broken(convs):
         raise RuntimeError("template error")
 
-    journal = FileJournal(tmp_path / "j.jsonl")
+    run = _Run("shard-00000", [], broken, ["http://s"], FileJournal(tmp_path / "j.jsonl"),
+               _config())
+    run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
+                          max_window=1, eject_after_failures=3, health_interval_s=1)
+    run.unplanned.extend(_prompt(i) for i in range(3))
     with pytest.raises(RuntimeError, match="template error"):
-        run_shard("shard-00000", [_prompt(i) for i in range(3)], ["http://127.0.0.1:9"],
-                  journal, _config(), broken)
-    journal.close()
-    assert FileJournal(tmp_path / "j.jsonl").load() == {}
+        run._plan_more()
+    assert [p["id"] for p in run.unplanned] == ["p0", "p1", "p2"]
+    assert not run.pending and not run.records
 
 
 def test_queue_full_is_load_not_a_reason_to_eject() -> None:

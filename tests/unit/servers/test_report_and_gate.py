@@ -22,14 +22,7 @@ from include.servers.launcher import (
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger
 from include.settings import RunSettings
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from sglang_standin.process import free_port
 
 
 def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
