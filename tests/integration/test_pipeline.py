@@ -182,7 +182,10 @@ def test_a_server_killed_mid_run_loses_nothing(
     for shard in prompts["shards"][:2]:
         gen = json.loads(run[f"runs/expansion_v1/generated/{shard['shard_id']}.manifest.json"])
         assert gen["counts"] == {"completed": shard["count"], "skipped": 0, "failed": 0}
-    assert "ejected" in proc.stdout + proc.stderr
+    # The dead server left rotation: ejected mid-shard, or found dead when the next shard
+    # started (whichever the kill landed in).
+    out = proc.stdout + proc.stderr
+    assert "ejected" in out or "unreachable at start" in out
 
 
 def test_a_failed_run_still_stops_the_servers_it_started(
