@@ -2,15 +2,13 @@
 
 Mounted in the API server at ``/regen-monitor`` (``fastapi_apps``) and linked from the UI's
 navigation (``external_views``, shown in an iframe under Browse). It reads the runs' own
-manifests and journals under ``REGEN_MONITOR_OUTPUT_URI`` (default: the DAG's default
-``output_uri``) through ``include.storage``, read-only; ``REGEN_MONITOR_S3_CONN_ID`` is the
-connection for an s3:// root. The page has no state of its own and no second source of truth.
+manifests and journals under the deployment's ``output_root`` (``REGEN_OUTPUT_ROOT``) through
+``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root. The page has no state of its own and no second source of truth.
 """
 
 from __future__ import annotations
 
 import html
-import os
 import time
 from functools import cache
 from typing import Any
@@ -24,19 +22,21 @@ REFRESH_S = 10
 
 
 def output_root() -> str:
-    """Return the output location the page lists runs under."""
-    from include.settings import RunSettings
+    """Return the output location the page lists runs under (the deployment's output root)."""
+    from include.settings import DeploymentSettings
 
-    return os.environ.get("REGEN_MONITOR_OUTPUT_URI") or RunSettings.output_uri
+    return DeploymentSettings.load().output_root
 
 
 @cache
 def _monitor() -> Any:
     from include.reporting.monitor import RunMonitor
+    from include.settings import DeploymentSettings
     from include.storage import open_store
 
-    store = open_store(output_root(), read_only=True,
-                       s3_conn_id=os.environ.get("REGEN_MONITOR_S3_CONN_ID", "aws_default"))
+    deployment = DeploymentSettings.load()
+    store = open_store(deployment.output_root, read_only=True,
+                       s3_conn_id=deployment.s3_conn_id)
     return RunMonitor(store)
 
 

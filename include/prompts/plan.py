@@ -38,8 +38,8 @@ def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
     """Return the store at ``uri`` (default: the run's location), protected prefixes enforced."""
     return open_store(
         uri or settings.run_uri,
-        s3_conn_id=settings.s3_conn_id,
-        protected_prefixes=tuple(settings.protected_prefixes),
+        s3_conn_id=settings.deployment.s3_conn_id,
+        protected_prefixes=tuple(settings.deployment.protected_prefixes),
     )
 
 

@@ -127,7 +127,7 @@ def server_specs(settings: RunSettings) -> list[ServerSpec]:
     specs: list[ServerSpec] = []
     seen: set[tuple[str, int]] = set()
     tp = settings.tp_size
-    for h in settings.gpu_hosts:
+    for h in settings.deployment.gpu_hosts:
         if not h.gpus:
             raise ValueError(f"setting `gpu_hosts` ({h.host}): `gpus` is empty; list GPU indices")
         if len(h.gpus) % tp:
@@ -137,7 +137,7 @@ def server_specs(settings: RunSettings) -> list[ServerSpec]:
             )
         for i in range(0, len(h.gpus), tp):
             devices = tuple(h.gpus[i : i + tp])
-            port = settings.port_base + devices[0]
+            port = settings.deployment.port_base + devices[0]
             if (h.host, port) in seen:
                 raise ValueError(
                     f"setting `gpu_hosts` ({h.host}): two servers would use port {port}; "
@@ -150,7 +150,7 @@ def server_specs(settings: RunSettings) -> list[ServerSpec]:
                     gpu=devices[0],
                     port=port,
                     ssh_conn_id=h.ssh_conn_id or None,
-                    log_dir=settings.server_log_dir,
+                    log_dir=settings.deployment.server_log_dir,
                     command_prefix=h.command_prefix or None,
                     cuda_devices=devices,
                 )
@@ -202,11 +202,11 @@ def build_launch_command(
         args += ["--reasoning-parser", settings.reasoning_parser]
     if settings.api_key:
         args += ["--api-key", "***" if redact_secrets else settings.api_key]
-    args += list(settings.extra_server_args)
+    args += list(settings.deployment.extra_server_args)
     devices = ",".join(str(g) for g in spec.cuda_devices)
     return (
         f"env CUDA_VISIBLE_DEVICES={shlex.quote(devices)} "
-        f"{_words(settings.server_launch_command)} " + " ".join(shlex.quote(a) for a in args)
+        f"{_words(settings.deployment.server_launch_command)} " + " ".join(shlex.quote(a) for a in args)
     )
 
 

@@ -60,7 +60,7 @@ def standalone(tmp_path):
                AIRFLOW__CORE__LOAD_EXAMPLES="False", AIRFLOW__CORE__PARALLELISM="4",
                AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(port),
                AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
-               REGEN_MONITOR_OUTPUT_URI=str(tmp_path / "out"),
+               REGEN_OUTPUT_ROOT=str(tmp_path / "out"),
                # standalone starts its components as `airflow ...` found on PATH.
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     env.pop("AIRFLOW__CORE__UNIT_TEST_MODE", None)

@@ -1,0 +1,222 @@
+"""Deployment settings: what runs where. Owned by whoever deploys, never by a trigger.
+
+GPU hosts and their SSH connections, the launch command and container prefix, ports, the
+servers' log directory, the models a run may choose, the output root and its S3 connection,
+protected prefixes, the data roots local sources may come from, the source catalogue and the
+servers' API key connection. They come from environment variables named ``REGEN_<SETTING>``
+(upper case; lists and objects as JSON) in the environment of every Airflow component that
+runs tasks, read when a task runs (never when the DAG file is parsed). ``.env.example`` and
+README.md ("Deployment settings") list them; ``docker-compose.yaml`` sets them once for every
+service.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from include.settings.errors import SettingsError, describe, raise_all
+from include.settings.run import REPO_ROOT, SAMPLE_DATA_DIR, SourceSettings
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "REGEN_"
+
+
+def env_name(setting: str) -> str:
+    """Return the environment variable that configures deployment ``setting``."""
+    return ENV_PREFIX + setting.upper()
+
+
+class GpuHost(BaseModel):
+    """One GPU host: how to reach it and which GPUs get a server."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="Address the servers are reached at.")
+    ssh_conn_id: str | None = Field(
+        None, description="Airflow SSH connection to the host; null runs commands on the worker."
+    )
+    gpus: list[int] = Field(
+        [0, 1, 2, 3, 4, 5, 6, 7], description="GPU indices; one server each, on port_base + i."
+    )
+    command_prefix: str | None = Field(
+        None,
+        description="Prefix for every command on the host, for servers in a container "
+        "(e.g. 'pct exec 200 --').",
+    )
+
+    @property
+    def is_loopback(self) -> bool:
+        """Return whether the servers on this host are only reachable from this machine."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def bundled_catalogue() -> dict[str, SourceSettings]:
+    """Return the bundled sample sources (the real schemas, small files), by name."""
+    d = SAMPLE_DATA_DIR
+    entries: list[dict[str, Any]] = [
+        {"name": "infinity_instruct", "kind": "infinity_instruct", "config": "0625",
+         "path": str(d / "infinity_instruct_0625.parquet")},
+        {"name": "webinstructsub", "kind": "webinstructsub",
+         "path": str(d / "webinstructsub.parquet"), "exclude_sources": ["socratic"]},
+        {"name": "codefeedback", "kind": "codefeedback", "path": str(d / "codefeedback.jsonl")},
+        {"name": "metamathqa", "kind": "metamathqa", "path": str(d / "MetaMathQA-395K.json")},
+        {"name": "hermes_fc", "kind": "hermes_function_calling", "config": "func_calling",
+         "path": str(d / "hermes_func_calling.json")},
+        {"name": "hermes_fc_singleturn", "kind": "hermes_function_calling",
+         "config": "func_calling_singleturn",
+         "path": str(d / "hermes_func_calling_singleturn.json")},
+        {"name": "hermes_glaive", "kind": "hermes_function_calling",
+         "config": "glaive_function_calling_5k",
+         "path": str(d / "hermes_glaive_function_calling_5k.json")},
+        {"name": "agentinstruct", "kind": "agentinstruct", "config": "os",
+         "path": str(d / "agentinstruct_os.parquet"),
+         "multi_turn": "until_first_trained_assistant"},
+    ]
+    return {e["name"]: SourceSettings(**e) for e in entries}
+
+
+class DeploymentSettings(BaseSettings):
+    """Every deployment setting, from ``REGEN_*`` environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, case_sensitive=False
+    )
+
+    gpu_hosts: list[GpuHost] = Field(
+        [GpuHost()], description="Hosts the servers run on, each with its GPUs and SSH connection."
+    )
+    server_launch_command: str = Field(
+        "python3 -m sglang.launch_server",
+        description="Command that starts one server on a GPU host; flags are appended.",
+    )
+    extra_server_args: list[str] = Field(
+        ["--enable-metrics"], description="More flags for every server."
+    )
+    port_base: int = Field(30000, ge=1024, le=65000, description="GPU i serves on port_base + i.")
+    server_log_dir: str = Field(
+        "/tmp/sglang-regen", description="Directory on the GPU host for server logs, pid files "
+        "and leases."
+    )
+    sglang_conn_id: str = Field(
+        "sglang_default",
+        description="Airflow connection whose password is the servers' API key (no key if the "
+        "connection does not exist; required for any non-loopback host).",
+    )
+    allowed_models: list[str] = Field(
+        ["Qwen/Qwen3.6-27B"], min_length=1,
+        description="Models a run may choose as model_path (hub ids or paths on the GPU host).",
+    )
+    output_root: str = Field(
+        str(REPO_ROOT / "var" / "runs"),
+        description="Local directory or s3://bucket/prefix every run writes under "
+        "(<output_root>/<run_name>/).",
+    )
+    s3_conn_id: str = Field(
+        "aws_default", description="Airflow AWS connection for s3:// locations (endpoint URL in "
+        "its extra)."
+    )
+    protected_prefixes: list[str] = Field(
+        ["completions/"],
+        description="Locations no run may write in, contain or be inside (the original data); "
+        "a relative prefix applies under every bucket and directory.",
+    )
+    data_roots: list[str] = Field(
+        [str(SAMPLE_DATA_DIR)],
+        description="Local directories that local source, tokenizer and dedupe paths of a run "
+        "must be inside.",
+    )
+    source_catalogue: dict[str, SourceSettings] = Field(
+        default_factory=bundled_catalogue,
+        description="Sources a run may choose by name (object of name -> source).",
+    )
+
+    max_active_shards: int = Field(
+        3, ge=1, description="Shards generated at once per run (they share the servers). Read "
+        "when the DAG file is parsed: it is a task argument.")
+    defer_health_gate: bool = Field(
+        True, description="Wait for servers in the triggerer (no worker slot held while a model "
+        "loads); false where no triggerer runs. Read when the DAG file is parsed.")
+
+    @classmethod
+    def load(cls) -> DeploymentSettings:
+        """Read the deployment settings from the environment; raise SettingsError if wrong."""
+        try:
+            return cls()
+        except ValidationError as exc:
+            raise_all(describe(
+                exc, what="deployment setting", known=cls.model_fields,
+                where_configured=lambda name: f" (environment variable {env_name(name)})",
+            ))
+            raise  # pragma: no cover - raise_all always raises on a non-empty list
+
+    def check(self) -> None:
+        """Raise SettingsError for values that are each valid but unusable together."""
+        problems = []
+        for i, h in enumerate(self.gpu_hosts):
+            if not h.gpus:
+                problems.append(f"deployment setting `gpu_hosts[{i}].gpus` is empty "
+                                f"(environment variable {env_name('gpu_hosts')})")
+        for name, src in self.source_catalogue.items():
+            if src.name != name:
+                problems.append(
+                    f"deployment setting `source_catalogue.{name}`: its name is {src.name!r}; "
+                    f"use the same name as the key ({env_name('source_catalogue')})")
+        raise_all(problems)
+
+    def is_deployment_setting(self, name: str) -> bool:
+        """Return whether ``name`` is one of these settings."""
+        return name in type(self).model_fields
+
+    @functools.cached_property
+    def api_key(self) -> str | None:
+        """Return the servers' API key: the password of ``sglang_conn_id``, or None.
+
+        Read from the Airflow connection when a task runs, and registered with Airflow's secret
+        masker so it is replaced by ``***`` in every task log.
+        """
+        key = _connection_password(self.sglang_conn_id)
+        if key:
+            _mask(key)
+        return key or None
+
+
+def _connection_password(conn_id: str) -> str | None:
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return BaseHook.get_connection(conn_id).password
+    except AirflowNotFoundException:
+        return None
+
+
+def _mask(secret: str) -> None:
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs
+        from airflow.sdk.execution_time.secrets_masker import mask_secret
+    mask_secret(secret)
+
+
+def inside_data_roots(path: str, roots: list[str]) -> bool:
+    """Return whether ``path`` (after resolving links and ``..``) is inside one of ``roots``."""
+    real = Path(os.path.realpath(path))
+    for root in roots:
+        r = Path(os.path.realpath(root))
+        if real == r or r in real.parents:
+            return True
+    return False
