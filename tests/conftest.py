@@ -24,6 +24,10 @@ os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Deployment settings come from REGEN_* variables; a test sets the ones it needs, and none
+# leaks in from the shell that started pytest.
+for _name in [n for n in os.environ if n.startswith("REGEN_")]:
+    del os.environ[_name]
 os.environ["PYTHONPATH"] = str(ROOT) + (
     os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""
 )

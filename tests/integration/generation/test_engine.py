@@ -17,9 +17,9 @@ from include.generation.engine import EngineConfig, GenerationError, run_shard
 from include.generation.journal import FileJournal, StoreJournal
 from include.generation.shard import build_shard_output, generate_shard, load_journal_records
 from include.prompts.prepare import encode_record, shard_key
-from include.settings import RunSettings
 from include.storage import LocalStore
 from include.tokenization import count_prompt_tokens, load_tokenizer
+from tests.fixtures.settings import run_settings
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
@@ -234,7 +234,7 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     before = load_journal_records(store, "shard-00000")
     assert 0 < len(before) < 150, "the kill should land mid-shard"
 
-    summary = generate_shard(RunSettings.from_mapping(settings), "shard-00000",
+    summary = generate_shard(run_settings(settings), "shard-00000",
                              [s.url for s in servers], store)
     assert summary["resumed"] == len(before)
     records = load_journal_records(store, "shard-00000")
@@ -243,7 +243,7 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     for pid, rec in before.items():  # what the first run finished is kept, not redone
         assert records[pid] == rec
 
-    again = generate_shard(RunSettings.from_mapping(settings), "shard-00000",
+    again = generate_shard(run_settings(settings), "shard-00000",
                            [s.url for s in servers], store)
     assert again["resumed"] == 150 and again["counts"]["completed"] == 150
 

@@ -14,6 +14,7 @@ from include.prompts.plan import open_run_store, prepare_or_reuse
 from include.settings import RunSettings
 from include.tokenization.stage import tokenize_run_shard
 from sglang_standin.process import StandinProcess
+from tests.fixtures.settings import run_settings as bound_settings
 
 CONTEXT_LENGTH = 800
 #: Short answers capped low so some are truncated; 500s on 8% of requests so some prompts are
@@ -41,7 +42,7 @@ def start_servers(tokenizer_dir: Path, n: int = 2) -> list[StandinProcess]:
 
 def run_settings(output_uri: Path, tokenizer_dir: Path, **overrides: Any) -> RunSettings:
     """Return the settings of the small run."""
-    return RunSettings.from_mapping({
+    return bound_settings({
         "output_uri": str(output_uri), "run_name": "small", "shard_size": 100,
         "model_path": str(tokenizer_dir), "served_model_name": "Qwen/Qwen3.6-27B",
         "context_length": CONTEXT_LENGTH, "max_tokens": 300, "min_completion_tokens": 64,

@@ -17,6 +17,7 @@ from include.servers.launcher import LocalRunner
 from include.settings import RunSettings
 from sglang_standin.process import shell_launch_command
 from tests.fixtures.ports import free_port_block
+from tests.fixtures.settings import run_settings
 from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401 - the fixture is used by name
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -66,7 +67,7 @@ def make_settings(
             "launch_timeout_s": 60,
             **values,
         }
-        settings = RunSettings.from_mapping(merged)
+        settings = run_settings(merged)
         used.extend(g for h in settings.gpu_hosts for g in h.gpus)
         return settings
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from include.settings import RunSettings
+from tests.fixtures.settings import run_settings
 
 
 @pytest.fixture
@@ -18,6 +19,6 @@ def make_settings(tmp_path: Path) -> Callable[..., RunSettings]:
     def build(sources: list[dict[str, Any]], **overrides: Any) -> RunSettings:
         values = {"sources": sources, "output_uri": str(tmp_path / "out"), "run_name": "t"}
         values.update(overrides)
-        return RunSettings.from_mapping(values)
+        return run_settings(values)
 
     return build

@@ -13,6 +13,7 @@ from include.prompts import MANIFEST_KEY, PrepareError
 from include.prompts.plan import outputs_uri, plan_run, prepare_or_reuse, stagger
 from include.settings import RunSettings, SettingsError
 from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
 
 
 def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
@@ -31,7 +32,7 @@ def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
 
 @pytest.fixture
 def settings(tmp_path) -> RunSettings:
-    return RunSettings.from_mapping(
+    return run_settings(
         {"output_uri": str(tmp_path), "run_name": "r", "shard_size": 60}
     )
 
@@ -48,7 +49,7 @@ def test_plan_reuses_shards_prepared_with_the_same_settings(settings, caplog) ->
 
 def test_plan_refuses_shards_prepared_with_other_settings(settings) -> None:
     prepare_or_reuse(settings)
-    other = RunSettings.from_mapping({**settings.to_dict(), "seed": 5})
+    other = run_settings({**settings.to_dict(), "seed": 5})
     with pytest.raises(PrepareError, match=r"different: \['seed'\]"):
         prepare_or_reuse(other)
 
@@ -57,14 +58,14 @@ def test_shard_range_skips_complete_shards_and_force_goes_elsewhere(settings) ->
     plan_run(settings, "run-1")
     store = LocalStore(settings.run_uri)
     store.write_new("tokenized/shard-00001.manifest.json", b"{}")
-    ranged = RunSettings.from_mapping({**settings.to_dict(), "shard_range": "0-2"})
+    ranged = run_settings({**settings.to_dict(), "shard_range": "0-2"})
     assert [p["shard_id"] for p in plan_run(ranged, "run-2")] == ["shard-00000", "shard-00002"]
-    forced = RunSettings.from_mapping({**ranged.to_dict(), "force_regenerate": True})
+    forced = run_settings({**ranged.to_dict(), "force_regenerate": True})
     plan = plan_run(forced, "manual__2026-11-30T01:00:00+00:00")
     assert [p["shard_id"] for p in plan] == ["shard-00000", "shard-00001", "shard-00002"]
     assert plan[0]["outputs_uri"] == outputs_uri(forced, "manual__2026-11-30T01:00:00+00:00")
     assert "/regenerations/manual__2026-11-30T01_00_00_00_00" in plan[0]["outputs_uri"]
-    too_far = RunSettings.from_mapping({**settings.to_dict(), "shard_range": "0-99"})
+    too_far = run_settings({**settings.to_dict(), "shard_range": "0-99"})
     with pytest.raises(SettingsError, match="outside the"):
         plan_run(too_far, "run-3")
 

@@ -10,7 +10,8 @@ import pytest
 from include.prompts import DROP_REASONS, MANIFEST_KEY, PrepareError, prepare_prompts, read_shard
 from include.prompts.readers import SourceReadError
 from include.prompts.schemas import UnknownLayoutError
-from include.settings import RunSettings, SettingsError, default_sources
+from include.settings import RunSettings, SettingsError
+from include.settings.deployment import bundled_catalogue
 from include.storage import LocalStore, ObjectExistsError
 from synthetic_sources import (
     JSONL_TRAP_LINES,
@@ -41,7 +42,7 @@ def sample_dir(tmp_path: Path) -> Path:
 
 def _sample_sources(d: Path) -> list[dict]:
     out = []
-    for s in default_sources():
+    for s in (e.model_dump() for e in bundled_catalogue().values()):
         s["path"] = str(d / Path(s["path"]).name)
         out.append(s)
     return out

@@ -6,12 +6,13 @@ import pytest
 
 from include.settings import RunSettings
 from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
 
 
 @pytest.fixture
 def settings(tmp_path) -> RunSettings:
     """Return settings of a run named ``syn`` under ``tmp_path``."""
-    return RunSettings.from_mapping({"output_uri": str(tmp_path), "run_name": "syn"})
+    return run_settings({"output_uri": str(tmp_path), "run_name": "syn"})
 
 
 @pytest.fixture

@@ -13,10 +13,11 @@ from include.reporting import (
     emit_dataset_event,
 )
 from include.settings import RunSettings
+from tests.fixtures.settings import run_settings
 
 
 def _settings(output_uri: str, run_name: str = "expansion_v1") -> RunSettings:
-    return RunSettings.from_mapping({"output_uri": output_uri, "run_name": run_name})
+    return run_settings({"output_uri": output_uri, "run_name": run_name})
 
 
 def _summary(passed: bool) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from include.reporting.monitor import RunMonitor
 from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
 from tests.unit.reporting.synthetic_run import T0, ShardSpec, write_prompts_manifest, write_shard
 
 
@@ -32,14 +33,13 @@ def test_done_running_and_left_shards_with_rows_rate_and_eta(tmp_path) -> None:
 
 def test_a_forced_regeneration_is_its_own_location_and_reports_are_linked(tmp_path) -> None:
     from include.reporting import QualityGates, build_report
-    from include.settings import RunSettings
 
     shards = {"shard-00000": ShardSpec(completed=4)}
     run = LocalStore(tmp_path / "syn")
     write_prompts_manifest(run, shards)
     regen = LocalStore(tmp_path / "syn" / "regenerations" / "manual_1")
     write_shard(regen, "shard-00000", shards["shard-00000"])
-    settings = RunSettings.from_mapping({"output_uri": str(tmp_path), "run_name": "syn"})
+    settings = run_settings({"output_uri": str(tmp_path), "run_name": "syn"})
     build_report(settings, run, regen, ["shard-00000"], [], run_id="manual_1",
                  gates=QualityGates(max_quarantine_rate=1), plots=False)
     state = RunMonitor(LocalStore(tmp_path)).run_state("syn", now=T0, probe=False)

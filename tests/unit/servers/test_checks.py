@@ -12,7 +12,7 @@ from include.servers.checks import (
     token_budget_problems,
     token_budget_warnings,
 )
-from include.settings import RunSettings
+from tests.fixtures.settings import run_settings
 
 
 def models(name: str = "qwen", length: int | None = 32768) -> dict[str, Any]:
@@ -35,18 +35,18 @@ def test_matching_server_has_no_problems() -> None:
 
 
 def test_run_settings_work_as_the_expectation() -> None:
-    s = RunSettings.from_mapping(
+    s = run_settings(
         {"model_path": "/m/Qwen", "served_model_name": "qwen", "context_length": 32768}
     )
     assert check_served_model(models("qwen"), s) == []
     assert ModelExpectation.from_settings(s) == expect(max_tokens=s.max_tokens)
-    unnamed = RunSettings.from_mapping({"model_path": "/m/Qwen", "context_length": 32768})
+    unnamed = run_settings({"model_path": "/m/Qwen", "context_length": 32768})
     assert check_served_model(models("/m/Qwen"), unnamed) == []
 
 
 def test_the_8192_over_8192_failure_names_the_settings_to_change() -> None:
     # The failure that started the project: every request was rejected with HTTP 400.
-    s = RunSettings.from_mapping(
+    s = run_settings(
         {"served_model_name": "qwen", "context_length": 8192, "max_tokens": 8192}
     )
     problems = check_served_model(models("qwen", 8192), s)

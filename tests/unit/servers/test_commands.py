@@ -31,6 +31,7 @@ from include.servers.commands import (
     server_specs,
 )
 from include.settings import RunSettings
+from tests.fixtures.settings import run_settings
 
 # Prints its argv as JSON: stands in for the server to see exactly what it would receive.
 ECHO_ARGV = f"{sys.executable} -c 'import json,os,sys; print(json.dumps([os.environ.get(\"CUDA_VISIBLE_DEVICES\")] + sys.argv[1:]))'"  # noqa: E501
@@ -38,7 +39,7 @@ ECHO_ARGV = f"{sys.executable} -c 'import json,os,sys; print(json.dumps([os.envi
 
 def settings(**values: object) -> RunSettings:
     base: dict[str, object] = {"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}]}
-    return RunSettings.from_mapping({**base, **values})
+    return run_settings({**base, **values})
 
 
 def sh(command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

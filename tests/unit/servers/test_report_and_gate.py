@@ -21,8 +21,8 @@ from include.servers.launcher import (
 )
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger
-from include.settings import RunSettings
 from sglang_standin.process import free_port
+from tests.fixtures.settings import run_settings
 
 
 def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
@@ -63,7 +63,7 @@ def test_raise_for_problems_lists_each_bad_server() -> None:
 
 
 def test_impossible_token_budget_fails_before_any_host_is_touched() -> None:
-    s = RunSettings.from_mapping(
+    s = run_settings(
         {
             "context_length": 8192,
             "max_tokens": 8192,
@@ -148,6 +148,6 @@ def test_sensor_turns_an_error_event_into_a_clear_failure() -> None:
 
 
 def test_specs_from_settings_feed_the_sensor() -> None:
-    s = RunSettings.from_mapping({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0, 1]}]})
+    s = run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0, 1]}]})
     targets = [x.to_dict() for x in server_specs(s)]
     assert ServerHealthSensor(task_id="t", server=targets[1], expected={}).server["port"] == 30001
