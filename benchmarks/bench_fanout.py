@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import Sampler, realistic_prompts, standin_fleet
+from benchmarks.common import Sampler, bench_settings, realistic_prompts, standin_fleet
 from include.generation.shard import generate_shard
 from include.prompts import MANIFEST_KEY
 from include.prompts.plan import stagger
@@ -56,8 +56,7 @@ def run_job(label: str, in_flight: int, urls: list[str], settings_values: dict,
     store.write_new(MANIFEST_KEY, json.dumps(
         {"shards": [{"shard_id": shard_id(n), "count": size} for n in range(n_shards)]}
     ).encode())
-    settings = RunSettings.from_mapping({**settings_values, "output_uri": str(work),
-                                         "run_name": label})
+    settings = bench_settings({**settings_values, "run_name": label}, output_root=str(work))
     ids = [shard_id(n) for n in range(n_shards)]
     waits = stagger(ids, in_flight)  # what the DAG's prepare task hands each shard
     with Sampler(urls) as sampler:
@@ -78,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=12)
     parser.add_argument("--shard-size", type=int,
-                        default=RunSettings.from_mapping({}).shard_size,
+                        default=RunSettings.model_fields["shard_size"].default,
                         help="prompts per shard (default: the shard_size setting's default)")
     parser.add_argument("--time-scale", type=float, default=0.25)
     parser.add_argument("--max-tokens", type=int, default=1024)

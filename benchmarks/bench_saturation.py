@@ -24,10 +24,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import SERVERS, Sampler, realistic_prompts, standin_fleet
+from benchmarks.common import (
+    SERVERS,
+    Sampler,
+    bench_settings,
+    realistic_prompts,
+    standin_fleet,
+)
 from include.generation.engine import EngineConfig, run_shard
 from include.generation.journal import FileJournal
-from include.settings import RunSettings
 from include.tokenization import count_prompt_tokens, load_tokenizer
 
 
@@ -70,8 +75,8 @@ def main() -> None:
         tokenizer = load_tokenizer(str(fleet.tokenizer_dir))
         counter = lambda convs: count_prompt_tokens(tokenizer, convs, True)  # noqa: E731
         prompts = realistic_prompts(args.prompts, seed=7)
-        defaults = RunSettings.from_mapping({"max_tokens": args.max_tokens,
-                                             "model_path": "bench", "progress_interval_s": 10})
+        defaults = bench_settings({"max_tokens": args.max_tokens, "model_path": "bench",
+                                   "progress_interval_s": 10})
         engine = EngineConfig.from_settings(defaults)
         baseline = EngineConfig.from_settings(defaults, concurrency_mode="fixed",
                                               in_flight_per_server=32)

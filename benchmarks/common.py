@@ -118,3 +118,17 @@ class Sampler(threading.Thread):
         time.sleep(self.interval + 0.1)  # a last sample after it ends
         self.stop_event.set()
         self.join()
+
+
+def bench_settings(values: dict, **deployment: object):
+    """Return run settings for a benchmark, which plays both the deployer and the user.
+
+    ``output_root`` and any other deployment setting go in ``deployment``; every local path is
+    allowed and the run's model is the one allowed model.
+    """
+    from include.settings import DeploymentSettings, RunSettings
+
+    model = values.get("model_path", "Qwen/Qwen3.6-27B")
+    dep = DeploymentSettings(**{"data_roots": ["/"], "allowed_models": [model],
+                                "sglang_conn_id": "bench_no_key", **deployment})
+    return RunSettings.from_mapping(values, dep)

@@ -7,18 +7,20 @@ source and cut into shards; each shard is answered by the target model on SGLang
 EAGLE-style) trains on.
 
 ```
-check_settings ─┬─ prepare_prompts ──────────────────────────────┐
-                └─ launch_servers (setup) ─ wait_for_server[i] ─ preflight ─┐
-                                                                 shard[shard-NNNNN]:
-                                         generate ─ upload ─ tokenize  (mapped, depth-first)
+check_settings ─ prepare_prompts ─ launch_servers (setup) ─ wait_for_server[host:port] ─ preflight
+                                                                                            │
+          shard[shard-NNNNN] (mapped, depth-first): generate ─ upload ─ tokenize ───────────┘
                                                       └─ report (quality gates, dataset asset)
                                                                    └─ stop_servers (teardown)
 ```
-
+* **check_settings** refuses, in seconds and before any work, every mistake that can be known
+  in advance (each setting, value and what is accepted); nothing is prepared or launched.
 * **prepare_prompts** writes `prompts/shard-NNNNN.jsonl` + `prompts/manifest.json` under
-  `output_uri/run_name` (or reuses them when they exist with the same preparation settings).
+  `<output root>/<run_name>` (or reuses them when they exist with the same preparation
+  settings), and picks the shards left to generate.
 * **launch_servers** starts one SGLang server per GPU over SSH (reusing servers that already
-  serve this model); **wait_for_server** gates on `/health` and on the model name and
+  serve this model), only once the prompts are ready and only if a shard is left to generate;
+  **wait_for_server** gates on `/health` and on the model name and
   context length each server reports; **preflight** sends the run's longest prompt to each.
 * **shard** runs once per shard: generate (journaled, resumable), upload (create-only,
   checksummed), tokenize (checked masks).
@@ -27,13 +29,16 @@ check_settings ─┬─ prepare_prompts ─────────────
   `regenerated_drafter_data`) a training DAG can be scheduled on.
 * **stop_servers** stops only what this run started, whatever happened to the run.
 
-Every setting is a field of the trigger form; the same names work in
-`airflow dags trigger regenerate_drafter_data -c '{"shard_range": "120-179"}'`. See README.md.
+The trigger form holds the *run settings* (what a run does); the same names work in
+`airflow dags trigger regenerate_drafter_data -c '{"shard_range": "120-179"}'`. Hosts, commands,
+credentials, the output root and protected prefixes are *deployment settings* (`REGEN_*`
+environment variables), never in the form. See README.md.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pendulum
 from airflow.sdk import (
@@ -49,14 +54,27 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
-from include.settings import airflow_params
+from include.settings.params import airflow_params
 
+# The two deployment settings that are task arguments, hence read when the file is parsed
+# (environment only: no connection, no network).
 #: Shards generated at once per run; they share the servers, so one shard's drain overlaps
-#: the next one's start. A deployment setting (task arguments are fixed at parse time).
+#: the next one's start.
 MAX_ACTIVE_SHARDS = int(os.environ.get("REGEN_MAX_ACTIVE_SHARDS", "3"))
-#: Wait for servers in the triggerer (no worker slot held while a model loads); set
-#: REGEN_DEFER_HEALTH_GATE=false where no triggerer runs.
+#: Wait for servers in the triggerer (no worker slot held while a model loads).
 DEFER_HEALTH_GATE = os.environ.get("REGEN_DEFER_HEALTH_GATE", "true").lower() != "false"
+
+#: Every task is re-runnable (journal, create-only writes, idempotent launch), so a task lost
+#: with its worker is retried, on any worker, and resumes where it stopped.
+DEFAULT_ARGS = {
+    "retries": 2,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+    "execution_timeout": timedelta(hours=2),
+}
+#: A shard of 1,000 prompts with thinking takes ~10-40 minutes on eight busy GPUs.
+SHARD_TIMEOUT = timedelta(hours=6)
 
 
 @dag(
@@ -65,16 +83,17 @@ DEFER_HEALTH_GATE = os.environ.get("REGEN_DEFER_HEALTH_GATE", "true").lower() !=
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
     params=airflow_params(),
     tags=["speculative-decoding", "sglang", "data"],
 )
 def regenerate_drafter_data() -> None:
-    @task
+    @task(retries=0, execution_timeout=timedelta(minutes=10))
     def check_settings(params: dict | None = None) -> None:
         """Fail before any work if a setting is wrong; log the resolved settings."""
-        from include.settings import log_settings
+        from include.settings.checks import check_settings
 
-        log_settings(params)
+        check_settings(params)
 
     @task
     def prepare_prompts(params: dict | None = None, run_id: str | None = None) -> list[dict]:
@@ -88,13 +107,14 @@ def regenerate_drafter_data() -> None:
         return plan_run(RunSettings.from_mapping(params), run_id or "manual", MAX_ACTIVE_SHARDS)
 
     @setup
-    def launch_servers(params: dict | None = None, run_id: str | None = None) -> dict:
-        """Start (or reuse) one server per GPU; return what was started, for teardown."""
-        from include.servers.launcher import launch_servers
+    def launch_servers(plan: list[dict], params: dict | None = None,
+                       run_id: str | None = None) -> dict:
+        """Start (or reuse) one server per GPU if a shard is left; return what was started."""
+        from include.servers.launcher import launch_for_plan
         from include.settings import RunSettings
 
-        report = launch_servers(RunSettings.from_mapping(params),
-                                owner=f"regenerate_drafter_data/{run_id}")
+        report = launch_for_plan(RunSettings.from_mapping(params), plan,
+                                 owner=f"regenerate_drafter_data/{run_id}")
         print(report.summary())
         return report.to_dict()
 
@@ -125,7 +145,8 @@ def regenerate_drafter_data() -> None:
     @task_group(group_id="shard")
     def per_shard(shard_id: str, servers: list[str], outputs_uri: str,
                   wait_for: dict | None) -> None:
-        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, map_index_template="{{ shard }}")
+        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, map_index_template="{{ shard }}",
+              execution_timeout=SHARD_TIMEOUT)
         def generate(shard_id: str, servers: list[str], outputs_uri: str,
                      wait_for: dict | None, params: dict | None = None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry)."""
@@ -197,10 +218,9 @@ def regenerate_drafter_data() -> None:
 
         print(stop_servers(report).to_dict())
 
-    settings_ok = check_settings()
     plan = prepare_prompts()
-    launched = launch_servers()
-    settings_ok >> [plan, launched]
+    check_settings() >> plan
+    launched = launch_servers(plan)
     waited = ServerHealthSensor.partial(
         task_id="wait_for_server", deferrable=DEFER_HEALTH_GATE, poke_interval=2
     ).expand_kwargs(health_targets(launched))

@@ -79,15 +79,12 @@ def main() -> int:
     original = b'{"id": "original-0", "conversations": []}\n'
     client.put_object(Bucket=BUCKET, Key="completions/original.jsonl", Body=original)
 
-    conf = {
-        "run_name": args.run_name,
-        "output_uri": f"s3://{BUCKET}/runs",
+    # What whoever deploys sets (REGEN_* environment variables, as in docker-compose.yaml)...
+    deployment = {
+        "output_root": f"s3://{BUCKET}/runs",
         "s3_conn_id": S3_CONN_ID,
-        "shard_size": 50,
-        "model_path": str(tokenizer),
-        "served_model_name": "Qwen/Qwen3.6-27B",
-        "context_length": 8192,
-        "max_tokens": 4096,
+        "allowed_models": [str(tokenizer)],
+        "data_roots": [str(ROOT / "include" / "sample_data"), str(tokenizer)],
         "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": args.ssh_conn_id,
                        "gpus": list(range(args.gpus))}],
         "port_base": 30000,
@@ -96,6 +93,18 @@ def main() -> int:
         "extra_server_args": ["--enable-metrics", "--standin-time-scale", "0.02",
                               "--standin-median-output-tokens", "200",
                               "--standin-warmup-seconds", "2"],
+    }
+    for name, value in deployment.items():
+        env[f"REGEN_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # ... and what a person who triggers a run chooses (the trigger form's fields).
+    conf = {
+        "run_name": args.run_name,
+        "shard_size": 50,
+        "model_path": str(tokenizer),
+        "served_model_name": "Qwen/Qwen3.6-27B",
+        "context_length": 8192,
+        "max_tokens": 4096,
         "progress_interval_s": 2,
         "health_interval_s": 1,
     }

@@ -1,7 +1,10 @@
 """Run one prompt shard outside Airflow: ``python -m include.generation --help``.
 
-Same code path as the DAG's generate task: the shard is read from the run's store, progress
-goes to stderr, finished prompts go to the shard's journal, and a re-run resumes.
+Same code path as the DAG's generate task: the same ``check_settings`` first (run settings
+from ``--settings``/``--set``, deployment settings from the ``REGEN_*`` environment), the same
+store opening (protected prefixes, the deployment's S3 connection), then the shard is read from
+the run's store, progress goes to stderr, finished prompts go to the shard's journal, and a
+re-run resumes.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import sys
 
 from include.generation.engine import GenerationError
 from include.generation.shard import generate_shard
-from include.settings import RunSettings, SettingsError
+from include.prompts.plan import open_run_store
+from include.settings import SettingsError
+from include.settings.checks import check_settings
+from include.storage import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", required=True, help="shard id, e.g. shard-00042")
     parser.add_argument("--servers", required=True,
                         help="comma-separated server base URLs, e.g. http://gpu1:30000,...")
-    parser.add_argument("--settings", help="JSON file of settings (same names as the DAG)")
+    parser.add_argument("--settings", help="JSON file of run settings (same names as the "
+                        "trigger form); deployment settings come from REGEN_* variables")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override one setting (repeatable); VALUE is JSON or a string")
     args = parser.parse_args(argv)
@@ -39,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             values[name] = raw
     try:
-        settings = RunSettings.from_mapping(values)
-        summary = generate_shard(settings, args.shard, args.servers.split(","))
-    except (SettingsError, GenerationError) as exc:
+        settings = check_settings(values)
+        summary = generate_shard(settings, args.shard, args.servers.split(","),
+                                 open_run_store(settings))
+    except (SettingsError, GenerationError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary))

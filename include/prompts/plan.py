@@ -43,12 +43,6 @@ def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
     )
 
 
-def _differences(existing: dict[str, Any], settings: RunSettings) -> list[str]:
-    ours = settings.subset(PREPARATION_SETTINGS)
-    theirs = existing.get("preparation_settings", {})
-    return [n for n in PREPARATION_SETTINGS if ours.get(n) != theirs.get(n)]
-
-
 def prepare_or_reuse(settings: RunSettings, store: Store | None = None) -> dict[str, Any]:
     """Return the prompt manifest of the run, preparing the shards only if none exist yet."""
     store = store or open_run_store(settings)
@@ -64,7 +58,7 @@ def prepare_or_reuse(settings: RunSettings, store: Store | None = None) -> dict[
             return manifest
         raise PrepareError(
             f"prompt shards at {store.uri(MANIFEST_KEY)} were prepared with other settings "
-            f"(different: {_differences(manifest, settings)}). Use the same preparation "
+            f"(different: {settings.preparation_differences(manifest)}). Use the same preparation "
             "settings to reuse them (e.g. for a shard_range backfill), or a new run_name."
         )
     return prepare_prompts(settings, store)

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from include.settings.errors import SettingsError, describe, raise_all
+from include.settings.errors import describe, raise_all
 from include.settings.run import REPO_ROOT, SAMPLE_DATA_DIR, SourceSettings
 
 log = logging.getLogger(__name__)
@@ -157,11 +157,11 @@ class DeploymentSettings(BaseSettings):
         try:
             return cls()
         except ValidationError as exc:
-            raise_all(describe(
+            problems = describe(
                 exc, what="deployment setting", known=cls.model_fields,
-                where_configured=lambda name: f" (environment variable {env_name(name)})",
-            ))
-            raise  # pragma: no cover - raise_all always raises on a non-empty list
+                where_configured=lambda name: f" (environment variable {env_name(name)})")
+        raise_all(problems)  # outside the except block: the log shows our words only
+        raise AssertionError("unreachable: a validation error always names a problem")
 
     def check(self) -> None:
         """Raise SettingsError for values that are each valid but unusable together."""

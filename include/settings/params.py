@@ -95,7 +95,8 @@ def settings_reference() -> str:
             lines += ["", f"**{section}**", "", "| setting | default | meaning |", "|---|---|---|"]
         default = "the whole catalogue" if name == "sources" else _cell(prop.get("default"))
         lines.append(f"| `{name}` | {default} | {prop['description']}{_choices(prop)} |")
-    lines += ["", "**Keys of a `sources` entry**", "", "| key | default | meaning |", "|---|---|---|"]
+    lines += ["", "**Keys of a `sources` entry**", "", "| key | default | meaning |",
+              "|---|---|---|"]
     for name, field in SourceSettings.model_fields.items():
         default = "required" if field.is_required() else _cell(field.default)
         prop = SourceSettings.model_json_schema()["properties"][name]

@@ -70,10 +70,11 @@ def _resolve_sources(
                 k: v for k, v in given.items()
                 if k not in SourceSettings.LOCATION_KEYS and k != "name"}))
         elif not (src.path or src.hub_id):
+            hint = did_you_mean(src.name, d.source_catalogue)
             problems.append(
                 f"setting `sources[{i}]`: {src.name!r} is not in the deployment's source "
-                f"catalogue {sorted(d.source_catalogue)}{did_you_mean(src.name, d.source_catalogue)};"
-                " accepted: a catalogue name, or a new name with `hub_id` or `path`")
+                f"catalogue {sorted(d.source_catalogue)}{hint}; accepted: a catalogue name, or a "
+                "new name with `hub_id` or `path`")
         elif src.path and not inside_data_roots(os.path.expanduser(src.path), d.data_roots):
             problems.append(f"setting `sources[{i}].path`: got {src.path!r}; accepted: a path "
                             f"inside the deployment's data roots {roots}")
@@ -119,8 +120,10 @@ def resolve_run(values: Mapping[str, Any] | None,
     except ValidationError as exc:
         problems += describe(exc, known=RunSettings.model_fields,
                              accepted_patterns=PATTERN_ACCEPTED)
+        run = None
+    if run is None:  # raised outside the except block: the log shows our words only
         raise_all(problems)
-        raise  # pragma: no cover
+        raise AssertionError("unreachable: a validation error always names a problem")
     sources, source_problems = _resolve_sources(run, deployment)
     raise_all(problems + source_problems + _check_against_deployment(run, deployment))
     bound = run.model_copy(update={"sources": sources})

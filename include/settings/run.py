@@ -26,7 +26,9 @@ SourceKind = Literal[
     "hermes_function_calling", "agentinstruct", "orca_agentinstruct", "agent_flan",
 ]
 MultiTurnPolicy = Literal["first_user", "until_first_trained_assistant", "until_last_user"]
-NAME_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,63}$"
+# The look-ahead refuses a trailing newline, which `$` lets through in Python's `re` (used by
+# Airflow's form validation) but not in JavaScript: one pattern, one meaning, everywhere.
+NAME_PATTERN = r"^(?!.*\n)[a-z0-9][a-z0-9_\-]{0,63}$"
 SHARD_RANGE_PATTERN = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"
 #: What a value failing a pattern should have looked like, by field name.
 PATTERN_ACCEPTED = {
@@ -52,7 +54,7 @@ class SourceSettings(BaseModel):
     multi_turn) may be given; the location comes from the catalogue.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, regex_engine="python-re")
 
     name: str = Field(..., title="Name", pattern=NAME_PATTERN,
                       description="A name from the deployment's source catalogue, or a new "
@@ -85,14 +87,16 @@ class SourceSettings(BaseModel):
         "loss=true), 'until_last_user' (every turn up to the last user turn).")
 
     #: Keys that say where a source is, as opposed to how its rows are sampled.
-    LOCATION_KEYS: ClassVar[tuple[str, ...]] = ("kind", "path", "hub_id", "config", "revision", "split")
+    LOCATION_KEYS: ClassVar[tuple[str, ...]] = (
+        "kind", "path", "hub_id", "config", "revision", "split")
 
 
 
 class RunSettings(BaseModel):
     """Every setting of one run. Build it with ``from_mapping``; it is immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True,
+                              regex_engine="python-re")
 
     # --- Sources and preparation --------------------------------------------------------
     sources: list[SourceSettings] | None = _s(
@@ -121,7 +125,7 @@ class RunSettings(BaseModel):
                         "Qwen/Qwen3.6-27B")
     served_model_name: str | None = _s(
         "Model and servers", "Served model name", "Name the servers report; empty means the "
-        "model path.", None, pattern=r"^[A-Za-z0-9._/:\-]{1,200}$")
+        "model path.", None, pattern=r"^(?!.*\n)[A-Za-z0-9._/:\-]{1,200}$")
     tokenizer_path: str | None = _s(
         "Model and servers", "Tokenizer path",
         "The target model's tokenizer (hub id, or a local path under a data root) for token "
@@ -138,7 +142,7 @@ class RunSettings(BaseModel):
     reasoning_parser: str | None = _s(
         "Model and servers", "Reasoning parser",
         "SGLang --reasoning-parser (qwen3 splits <think> into reasoning_content).", "qwen3",
-        pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+        pattern=r"^(?!.*\n)[A-Za-z0-9_\-]{1,64}$")
     launch_timeout_s: float = _s("Model and servers", "Launch timeout (s)",
                                 "Longest the health gate waits for a server to load its model.",
                                 1800.0, ge=1.0)
@@ -312,6 +316,12 @@ class RunSettings(BaseModel):
         """Return a short stable hash of the named settings (e.g. those that shape prompts)."""
         blob = json.dumps(self.subset(names), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def preparation_differences(self, manifest: dict[str, Any]) -> list[str]:
+        """Return the preparation settings that differ from those a prompt manifest records."""
+        ours = self.subset(PREPARATION_SETTINGS)
+        theirs = manifest.get("preparation_settings", {})
+        return [n for n in PREPARATION_SETTINGS if ours.get(n) != theirs.get(n)]
 
     @property
     def model_name(self) -> str:

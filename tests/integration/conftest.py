@@ -25,10 +25,22 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return env
 
 
-def dags_test(env: dict[str, str], conf: dict) -> subprocess.CompletedProcess:
-    """Run the DAG once under ``airflow dags test`` with ``conf``; return the finished process."""
+def dags_test(env: dict[str, str], conf: dict, *, raw: bool = False,
+              deployment: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the DAG once under ``airflow dags test``; return the finished process.
+
+    ``conf`` is a flat mapping as a test writes it: its deployment settings become the
+    ``REGEN_*`` environment of the run and the rest its trigger conf, unless ``raw`` (then the
+    conf goes to the trigger as it is, e.g. to show deployment settings in it are refused).
+    """
+    from tests.fixtures.settings import deployment_env, split
+
+    run, dep = (dict(conf), {}) if raw else split(conf)
+    dep.update(deployment or {})
+    env = {k: v for k, v in env.items() if not k.startswith("REGEN_")}
+    env.update(deployment_env(dep))
     return subprocess.run(
-        [env["AIRFLOW_BIN"], "dags", "test", DAG_ID, "-c", json.dumps(conf)],
+        [env["AIRFLOW_BIN"], "dags", "test", DAG_ID, "-c", json.dumps(run)],
         env=env, capture_output=True, text=True, timeout=900,
     )
 

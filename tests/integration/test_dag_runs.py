@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "regenerate_drafter_data"
 
 pytestmark = pytest.mark.integration
+
+
+def _started_tasks(out: str) -> set[str]:
+    """Return the tasks the run started, from the ``dags test`` log."""
+    return set(re.findall(r"\[DAG TEST\] starting task_id=([\w.]+)", out))
 
 
 def test_without_sglang_on_the_host_the_gate_fails_with_the_servers_log_tail(
@@ -34,9 +40,44 @@ def test_without_sglang_on_the_host_the_gate_fails_with_the_servers_log_tail(
     assert not (tmp_path / "it" / "generated").exists()
 
 
-def test_wrong_setting_fails_the_run_naming_it(airflow_env, tmp_path) -> None:
-    proc = dags_test(airflow_env, {"output_uri": str(tmp_path), "run_name": "bad",
-                                    "sources": [{"name": "x", "path": str(tmp_path / "nope")}]})
+@pytest.mark.parametrize(
+    ("conf", "deployment", "fragments"),
+    [
+        # Shell commands, hosts and protection are not a run's to choose.
+        ({"server_launch_command": "sh -c 'echo PWNED-$(id -un) >&2'",
+          "protected_prefixes": [], "sources": [{"name": "x", "path": "/etc/passwd"}]},
+         {}, ["`server_launch_command` is a deployment setting", "REGEN_SERVER_LAUNCH_COMMAND",
+              "`protected_prefixes` is a deployment setting", "`sources[0].path`",
+              "data roots"]),
+        ({"run_name": "r", "shard_range": "5-2"}, {},
+         ["`shard_range`: '5-2' in '5-2' runs backwards; accepted: low-high"]),
+        ({"run_name": "r"}, {"output_root": "{tmp}/completions"},
+         ["`run_name` ('r')", "protected prefix", "completions"]),
+    ],
+    ids=["deployment-settings-in-conf", "bad-values", "protected-output"],
+)
+def test_a_doomed_run_fails_in_check_settings_before_any_work(
+    airflow_env, tmp_path, conf, deployment, fragments
+) -> None:
+    deployment = {k: v.replace("{tmp}", str(tmp_path)) for k, v in deployment.items()}
+    deployment.setdefault("output_root", str(tmp_path / "out"))
+    proc = dags_test(airflow_env, conf, raw=True,
+                     deployment={**deployment, "server_log_dir": str(tmp_path / "logs"),
+                                 "port_base": free_port_block(8)})
     out = proc.stdout + proc.stderr
-    assert "source 'x': path" in out and "does not exist" in out
-    assert not (tmp_path / "bad" / "prompts" / "manifest.json").exists()
+    for fragment in fragments:
+        assert fragment in out, out[-3000:]
+    assert "PWNED" not in out
+    assert _started_tasks(out) == {"check_settings"}
+    assert "new_state=failed" in out
+    assert not (tmp_path / "logs").exists()  # no server was launched
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))  # nothing written anywhere
+
+
+def test_values_the_form_can_check_are_refused_when_triggering(airflow_env, tmp_path) -> None:
+    proc = dags_test(airflow_env, {"max_tokens": 0, "run_name": "ok\n"}, raw=True,
+                     deployment={"output_root": str(tmp_path)})
+    out = proc.stdout + proc.stderr
+    assert "Invalid input for param" in out and proc.returncode != 0
+    assert _started_tasks(out) == set()
+    assert list(tmp_path.iterdir()) == []

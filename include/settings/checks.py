@@ -1,0 +1,174 @@
+"""``check_settings``: every mistake that can be known before any work, found in seconds.
+
+It reads (never writes): the run's conf against the deployment, the output location against
+the protected prefixes, the sources and ``dedupe_against`` locations, the tokenizer, the
+prompt shards an earlier run prepared (for ``shard_range`` and reuse), and whether servers on
+a non-loopback host would get an API key. Every problem found is reported at once, each
+naming the setting, the value and what is accepted; nothing is prepared, launched or written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from include.settings.deployment import DeploymentSettings, env_name, inside_data_roots
+from include.settings.errors import SettingsError, raise_all
+from include.settings.run import PREPARATION_SETTINGS, RunSettings
+
+log = logging.getLogger(__name__)
+
+#: The prompt manifest of a run, relative to its location (see include/prompts/prepare.py).
+PROMPT_MANIFEST_KEY = "prompts/manifest.json"
+
+
+def _problem(fn: Callable[[], None]) -> list[str]:
+    try:
+        fn()
+    except SettingsError as exc:
+        return [str(exc)]
+    except (OSError, ValueError, RuntimeError) as exc:
+        return [str(exc)]
+    return []
+
+
+def _check_output_location(run: RunSettings) -> None:
+    from include.storage import StoreError, validate_output_location
+
+    try:
+        validate_output_location(run.run_uri, run.deployment.protected_prefixes)
+    except StoreError as exc:
+        raise SettingsError(f"setting `run_name` ({run.run_name!r}) under the deployment's "
+                            f"output root ({env_name('output_root')}): {exc}") from None
+
+
+def _check_source(index: int, run: RunSettings) -> None:
+    from include.prompts.readers import resolve_files
+
+    source = run.sources[index]
+    if not source.path:
+        return  # a hub dataset: its id, config and revision are checked when it is read
+    where = f"setting `sources[{index}]` ({source.name})"
+    try:
+        files = resolve_files(source)
+    except Exception as exc:  # noqa: BLE001 - the reader's own message names the path
+        raise SettingsError(f"{where}: {exc}") from None
+    for f in files:
+        if not inside_data_roots(f, run.deployment.data_roots):
+            raise SettingsError(
+                f"{where}: {f!r} resolves (through a link) to {os.path.realpath(f)!r}, outside "
+                f"the data roots {run.deployment.data_roots} ({env_name('data_roots')})")
+        try:
+            with open(f, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise SettingsError(f"{where}: cannot read {f!r} ({exc.strerror}); make it "
+                                "readable by the Airflow workers") from None
+
+
+def _check_dedupe(index: int, run: RunSettings) -> None:
+    from include.storage import open_store
+
+    location = run.dedupe_against[index]
+    where = f"setting `dedupe_against[{index}]`"
+    if location.lower().startswith("s3://"):
+        try:
+            open_store(location, read_only=True, s3_conn_id=run.deployment.s3_conn_id)
+        except Exception as exc:  # noqa: BLE001 - the store's own message names the cause
+            raise SettingsError(f"{where}: {location!r} is not readable with connection "
+                                f"{run.deployment.s3_conn_id!r}: {exc}") from None
+    elif not os.path.exists(location):
+        raise SettingsError(f"{where}: {location!r} does not exist; accepted: an existing "
+                            "prompt file or directory, or an s3:// location")
+    elif not os.access(location, os.R_OK):
+        raise SettingsError(f"{where}: {location!r} is not readable by the Airflow workers")
+
+
+def _check_tokenizer(run: RunSettings) -> None:
+    if not run.tokenizer_path:
+        return
+    from include.tokenization import load_tokenizer
+
+    try:
+        load_tokenizer(run.tokenizer_path)
+    except Exception as exc:  # noqa: BLE001 - TokenizerError names the path and the fix
+        raise SettingsError(f"setting `tokenizer_path`: {exc}") from None
+
+
+def _check_earlier_shards(run: RunSettings) -> None:
+    """Refuse now what prepare would refuse later: other preparation settings, a bad range."""
+    from include.storage import open_store
+
+    store = open_store(run.run_uri, read_only=True, s3_conn_id=run.deployment.s3_conn_id)
+    if not store.exists(PROMPT_MANIFEST_KEY):
+        if run.shard_range:
+            log.info("no prompt shards yet at %s: shard_range %r is checked after preparing",
+                     run.run_uri, run.shard_range)
+        return
+    manifest = json.loads(store.read(PROMPT_MANIFEST_KEY))
+    if manifest.get("preparation_fingerprint") != run.fingerprint(PREPARATION_SETTINGS):
+        differ = run.preparation_differences(manifest)
+        raise SettingsError(
+            f"setting `run_name` ({run.run_name!r}): prompt shards at {run.run_uri} were "
+            f"prepared with other preparation settings (different: {differ}); use the same "
+            "settings to reuse them (e.g. for a shard_range backfill), or a new run_name")
+    run.shard_numbers(len(manifest["shards"]))
+
+
+def _check_api_key(run: RunSettings) -> None:
+    remote = [h.host for h in run.deployment.gpu_hosts if not h.is_loopback]
+    if remote and not run.api_key:
+        raise SettingsError(
+            f"deployment setting `gpu_hosts`: servers on {remote} would be reachable from the "
+            f"network without an API key; create the Airflow connection "
+            f"{run.deployment.sglang_conn_id!r} ({env_name('sglang_conn_id')}) with the key as "
+            "its password")
+
+
+def budget_line(run: RunSettings) -> str:
+    """Return the one line that says how long completions can be in this run."""
+    c, m = run.context_length, run.context_margin
+    longest = c - m - run.min_completion_tokens
+    return (f"completions are bounded by min(max_tokens={run.max_tokens}, {c} - P - {m}) tokens "
+            f"for a prompt of P tokens (context_length {c}, context_margin {m}); prompts longer "
+            f"than {longest} tokens leave less than min_completion_tokens="
+            f"{run.min_completion_tokens} and are skipped, never sent")
+
+
+def _describe(run: RunSettings) -> str:
+    d = run.deployment
+    lines = [f"  {k} = {json.dumps(v)}" for k, v in run.to_dict().items() if k != "sources"]
+    lines += [f"  sources[{i}] = {s.name} ({s.path or s.hub_id})"
+              for i, s in enumerate(run.sources)]
+    hosts = ", ".join(f"{h.host} gpus {h.gpus}" for h in d.gpu_hosts)
+    lines += [
+        f"run location: {run.run_uri} (protected: {', '.join(d.protected_prefixes) or 'none'})",
+        f"GPU hosts: {hosts}; ports from {d.port_base}; API key: "
+        f"{'from connection ' + repr(d.sglang_conn_id) if run.api_key else 'none'}",
+    ]
+    return "\n".join(lines)
+
+
+def check_settings(params: Mapping[str, Any] | None,
+                   deployment: DeploymentSettings | None = None) -> RunSettings:
+    """Run every check that needs no GPU and writes nothing; raise SettingsError listing all.
+
+    The check_settings task's whole body. Returns the bound settings, logged resolved.
+    """
+    run = RunSettings.from_mapping(params, deployment)
+    problems = _problem(lambda: _check_output_location(run))
+    for i in range(len(run.sources)):
+        problems += _problem(lambda i=i: _check_source(i, run))
+    for i in range(len(run.dedupe_against)):
+        problems += _problem(lambda i=i: _check_dedupe(i, run))
+    problems += _problem(lambda: _check_api_key(run))
+    problems += _problem(lambda: _check_tokenizer(run))
+    if not problems:  # the run's location is valid: look at what an earlier run left there
+        problems += _problem(lambda: _check_earlier_shards(run))
+    raise_all(problems)
+    log.info("settings checked; resolved:\n%s", _describe(run))
+    log.info("%s", budget_line(run))
+    return run

@@ -1,0 +1,113 @@
+"""``check_settings`` finds, before any work, every mistake that can be known in advance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from include.settings import SettingsError
+from include.settings.checks import budget_line, check_settings
+from tests.fixtures.settings import deployment_settings
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "prompts.jsonl").write_text(json.dumps({"instruction": "hi", "output": "x"}) + "\n")
+    return d
+
+
+def _deployment(tmp_path: Path, data: Path, **kw):
+    values = {"output_root": str(tmp_path / "out"), "data_roots": [str(data)], **kw}
+    return deployment_settings(**values)
+
+
+def _written(tmp_path: Path) -> list[Path]:
+    return [p for p in (tmp_path / "out").rglob("*")] if (tmp_path / "out").exists() else []
+
+
+def test_good_settings_pass_and_log_the_completion_bound(tmp_path, data, capsys) -> None:
+    run = check_settings({"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}],
+                          "max_tokens": 8192, "context_length": 8192},
+                         _deployment(tmp_path, data))
+    assert run.max_tokens == 8192  # a cap at the context length is safe: accepted
+    out = capsys.readouterr()
+    assert budget_line(run) in out.out + out.err
+    assert "min(max_tokens=8192, 8192 - P - 16)" in budget_line(run)
+    assert "longer than 7920 tokens" in budget_line(run)
+    assert _written(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("conf", "fragments"),
+    [
+        ({"sources": [{"name": "mine", "path": "{data}/missing.jsonl"}]},
+         ["`sources[0]` (mine)", "missing.jsonl", "does not exist"]),
+        ({"sources": [{"name": "mine", "path": "{data}/empty"}]},
+         ["`sources[0]` (mine)", "no .parquet, .json or .jsonl files"]),
+        ({"dedupe_against": ["{data}/nope.jsonl"]},
+         ["`dedupe_against[0]`", "nope.jsonl", "does not exist"]),
+        ({"tokenizer_path": "{data}"}, ["`tokenizer_path`", "cannot load a tokenizer"]),
+    ],
+)
+def test_unreadable_inputs_are_refused_before_any_work(tmp_path, data, conf, fragments) -> None:
+    (data / "empty").mkdir()
+    conf = json.loads(json.dumps(conf).replace("{data}", str(data)))
+    conf.setdefault("sources", [{"name": "mine", "path": str(data / "prompts.jsonl")}])
+    with pytest.raises(SettingsError) as err:
+        check_settings(conf, _deployment(tmp_path, data))
+    for fragment in fragments:
+        assert fragment in str(err.value)
+    assert _written(tmp_path) == []
+
+
+def test_a_link_out_of_the_data_roots_inside_a_directory_source_is_refused(tmp_path,
+                                                                           data) -> None:
+    (data / "escape.jsonl").symlink_to("/etc/hostname")
+    with pytest.raises(SettingsError, match="resolves .* outside the data roots"):
+        check_settings({"sources": [{"name": "mine", "path": str(data)}]},
+                       _deployment(tmp_path, data))
+
+
+def test_an_output_location_under_a_protected_prefix_is_refused(tmp_path, data) -> None:
+    dep = _deployment(tmp_path, data, output_root=str(tmp_path / "completions"))
+    with pytest.raises(SettingsError) as err:
+        check_settings({"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]},
+                       dep)
+    assert "`run_name`" in str(err.value) and "completions" in str(err.value)
+    assert not (tmp_path / "completions").exists()
+
+
+def test_remote_gpu_hosts_need_an_api_key(tmp_path, data) -> None:
+    hosts = [{"host": "gpu-box.internal", "ssh_conn_id": "gpu", "gpus": [0]}]
+    conf = {"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]}
+    with pytest.raises(SettingsError, match="gpu-box.internal.*without an API key"):
+        check_settings(conf, _deployment(tmp_path, data, gpu_hosts=hosts))
+    run = check_settings(conf, _deployment(tmp_path, data, gpu_hosts=hosts, api_key="k-12345"))
+    assert run.api_key == "k-12345"
+
+
+def test_shard_range_and_preparation_settings_are_checked_against_earlier_shards(
+    tmp_path, data
+) -> None:
+    dep = _deployment(tmp_path, data)
+    conf = {"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}],
+            "run_name": "r1"}
+    run = check_settings(conf, dep)
+    manifest = tmp_path / "out" / "r1" / "prompts" / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    from include.settings import PREPARATION_SETTINGS
+
+    manifest.write_text(json.dumps({
+        "preparation_fingerprint": run.fingerprint(PREPARATION_SETTINGS),
+        "preparation_settings": run.subset(PREPARATION_SETTINGS),
+        "shards": [{"count": 5}] * 4}))
+    check_settings({**conf, "shard_range": "0-3"}, dep)
+    with pytest.raises(SettingsError, match=r"`shard_range`: '2-9' is outside the 4 shards"):
+        check_settings({**conf, "shard_range": "0,2-9"}, dep)
+    with pytest.raises(SettingsError, match=r"other preparation settings \(different: "
+                                            r"\['shard_size'\]\)"):
+        check_settings({**conf, "shard_size": 7}, dep)
