@@ -44,7 +44,6 @@ import pendulum
 from airflow.sdk import (
     AssetAlias,
     dag,
-    get_current_context,
     setup,
     task,
     task_group,
@@ -73,6 +72,9 @@ DEFAULT_ARGS = {
     "max_retry_delay": timedelta(minutes=10),
     "execution_timeout": timedelta(hours=2),
 }
+#: A mapped shard task's name in the grid, from its own arguments: shown as soon as the task
+#: starts (a name set inside the task body would only show once the task finished).
+SHARD_NAME = "{{ task.op_kwargs['shard_id'] }}"
 #: A shard of 1,000 prompts with thinking takes ~10-40 minutes on eight busy GPUs.
 SHARD_TIMEOUT = timedelta(hours=6)
 
@@ -145,8 +147,8 @@ def regenerate_drafter_data() -> None:
     @task_group(group_id="shard")
     def per_shard(shard_id: str, servers: list[str], outputs_uri: str,
                   wait_for: dict | None) -> None:
-        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, map_index_template="{{ shard }}",
-              execution_timeout=SHARD_TIMEOUT)
+        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, execution_timeout=SHARD_TIMEOUT,
+              map_index_template=SHARD_NAME)
         def generate(shard_id: str, servers: list[str], outputs_uri: str,
                      wait_for: dict | None, params: dict | None = None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry)."""
@@ -154,33 +156,31 @@ def regenerate_drafter_data() -> None:
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
 
-            get_current_context()["shard"] = shard_id
             settings = RunSettings.from_mapping(params)
             return generate_shard(settings, shard_id, servers,
                                   open_run_store(settings, outputs_uri), open_run_store(settings),
                                   wait_for)
 
-        @task(map_index_template="{{ shard }}")
+        @task(map_index_template="{{ task.op_kwargs['generated']['shard_id'] }}")
         def upload(generated: dict, outputs_uri: str, params: dict | None = None) -> str:
             """Publish the shard's completions create-only, with checksums."""
             from include.generation.shard import publish_shard
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
 
-            shard_id = get_current_context()["shard"] = generated["shard_id"]
+            shard_id = generated["shard_id"]
             settings = RunSettings.from_mapping(params)
             publish_shard(shard_id, open_run_store(settings, outputs_uri),
                           open_run_store(settings), generated)
             return shard_id
 
-        @task(map_index_template="{{ shard }}")
+        @task(map_index_template=SHARD_NAME)
         def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None) -> str:
             """Tokenize the shard into input_ids + loss_mask, checked token by token."""
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
             from include.tokenization.stage import tokenize_run_shard
 
-            get_current_context()["shard"] = shard_id
             settings = RunSettings.from_mapping(params)
             tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
             return shard_id

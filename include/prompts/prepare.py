@@ -62,7 +62,7 @@ from include.settings import (
     SettingsError,
     SourceSettings,
 )
-from include.storage import Store, open_store, sha256_hex
+from include.storage import Store, StoreError, open_readable, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -224,15 +224,22 @@ def _length_counter(settings: RunSettings) -> tuple[str, Any]:
 
 
 def load_existing_keys(settings: RunSettings) -> set[bytes]:
-    """Return the dedupe keys of every prompt in the ``dedupe_against`` sets."""
+    """Return the dedupe keys of every prompt in the ``dedupe_against`` sets.
+
+    Each location is opened read-only with the run's S3 connection: it may well lie under a
+    protected prefix (the original completions), and is never written.
+    """
     keys: set[bytes] = set()
     for location in settings.dedupe_against:
-        store, prefix = _store_and_prefix(location)
-        names = [k for k in store.list(prefix) if k.endswith((".jsonl", ".json"))]
+        try:
+            store, name = open_readable(location, s3_conn_id=settings.deployment.s3_conn_id)
+            names = [k for k in store.list(name) if k.endswith((".jsonl", ".json"))]
+        except StoreError as exc:
+            raise PrepareError(f"setting `dedupe_against`: {exc}") from None
         if not names:
             raise PrepareError(
-                f"setting `dedupe_against`: {location!r} holds no .jsonl/.json files; fix the "
-                "location or remove it"
+                f"setting `dedupe_against`: {location!r} does not exist or holds no .jsonl/.json "
+                "files; fix the location or remove it"
             )
         before = len(keys)
         for name in names:
@@ -244,17 +251,6 @@ def load_existing_keys(settings: RunSettings) -> set[bytes]:
                     keys.add(dedupe_key(prompt_turns(messages)))
         log.info("dedupe_against %s: %d prompts", location, len(keys) - before)
     return keys
-
-
-def _store_and_prefix(location: str) -> tuple[Store, str]:
-    if location.startswith("s3://"):
-        return open_store(location), ""
-    path = Path(location)
-    if path.is_file():
-        return open_store(str(path.parent)), path.name
-    if path.is_dir():
-        return open_store(str(path)), ""
-    raise PrepareError(f"setting `dedupe_against`: {location!r} does not exist")
 
 
 def _existing_messages(location: str, name: str, lineno: int, line: bytes) -> list[dict] | None:
@@ -305,13 +301,21 @@ def _check_filters(source: SourceSettings, kind: Kind) -> None:
 def _row_id(prefix: str, raw: Any, index: int, seen: set[str] | None) -> str:
     """Return ``<source>:<config>:<row id or index>`` (``prefix`` holds the first two parts).
 
-    ``seen`` is None when ids come from the row index, which is unique by itself.
+    Unique in the source by construction: an id given before gets ``#<row index>`` appended
+    (published ids repeat) until it is new, since the first such form may be a real id too
+    (``a#2`` then ``a``, ``a``). The row index is unique per source, so one step is enough but
+    for adversarial ids. Every id the earlier, unchecked rule gave once stays the same
+    (``None#<index>`` for a missing id that repeats an index included), so existing outputs
+    keep theirs. ``seen`` (every id given so far) is None when ids come from the row index,
+    which is unique by itself.
     """
     if seen is None:
         return f"{prefix}{index}"
     rid = f"{prefix}{raw if raw not in (None, '') else index}"
-    if rid in seen:  # published ids are not always unique; the row index always is
+    if rid in seen:
         rid = f"{prefix}{raw}#{index}"
+        while rid in seen:
+            rid = f"{rid}#{index}"
     seen.add(rid)
     return rid
 
@@ -860,7 +864,11 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
-    store = store or open_store(settings.run_uri)
+    store = store or open_store(
+        settings.run_uri,
+        s3_conn_id=settings.deployment.s3_conn_id,
+        protected_prefixes=tuple(settings.deployment.protected_prefixes),
+    )
     unit, count_lengths = _length_counter(settings)
     log.info(
         "prepare: %d sources -> %s; shard_size=%d seed=%d prompt length in %s [%s, %s]",

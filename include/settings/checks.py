@@ -70,21 +70,12 @@ def _check_source(index: int, run: RunSettings) -> None:
 
 
 def _check_dedupe(index: int, run: RunSettings) -> None:
-    from include.storage import open_store
+    from include.storage import StoreError, check_readable
 
-    location = run.dedupe_against[index]
-    where = f"setting `dedupe_against[{index}]`"
-    if location.lower().startswith("s3://"):
-        try:
-            open_store(location, read_only=True, s3_conn_id=run.deployment.s3_conn_id)
-        except Exception as exc:  # noqa: BLE001 - the store's own message names the cause
-            raise SettingsError(f"{where}: {location!r} is not readable with connection "
-                                f"{run.deployment.s3_conn_id!r}: {exc}") from None
-    elif not os.path.exists(location):
-        raise SettingsError(f"{where}: {location!r} does not exist; accepted: an existing "
-                            "prompt file or directory, or an s3:// location")
-    elif not os.access(location, os.R_OK):
-        raise SettingsError(f"{where}: {location!r} is not readable by the Airflow workers")
+    try:
+        check_readable(run.dedupe_against[index], run.deployment.s3_conn_id)
+    except StoreError as exc:
+        raise SettingsError(f"setting `dedupe_against[{index}]`: {exc}") from None
 
 
 def _check_tokenizer(run: RunSettings) -> None:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from include.settings.errors import describe, raise_all
@@ -150,6 +150,30 @@ class DeploymentSettings(BaseSettings):
     defer_health_gate: bool = Field(
         True, description="Wait for servers in the triggerer (no worker slot held while a model "
         "loads); false where no triggerer runs. Read when the DAG file is parsed.")
+
+    @field_validator("output_root")
+    @classmethod
+    def _normalised_root(cls, value: str) -> str:
+        # The normalised form is what stores open: checked and written locations are equal.
+        from include.storage.errors import StoreError
+        from include.storage.locations import normalize_location
+
+        try:
+            return normalize_location(value)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("protected_prefixes")
+    @classmethod
+    def _usable_prefixes(cls, value: list[str]) -> list[str]:
+        from include.storage.errors import StoreError
+        from include.storage.locations import check_protected_prefixes
+
+        try:
+            check_protected_prefixes(value)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @classmethod
     def load(cls) -> DeploymentSettings:

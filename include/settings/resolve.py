@@ -95,12 +95,19 @@ def _check_against_deployment(run: RunSettings, d: DeploymentSettings) -> list[s
             os.path.expanduser(run.tokenizer_path), d.data_roots):
         problems.append(f"setting `tokenizer_path`: got {run.tokenizer_path!r}; accepted: a hub "
                         f"id, or a local path inside the deployment's data roots {roots}")
+    from include.storage.errors import StoreError
+    from include.storage.locations import parse_location
+
     for i, location in enumerate(run.dedupe_against):
-        if "://" in location:
-            if location.split("://", 1)[0].lower() != "s3":
-                problems.append(f"setting `dedupe_against[{i}]`: got {location!r}; accepted: "
-                                "s3://bucket/key or a local path")
-        elif not inside_data_roots(os.path.expanduser(location), d.data_roots):
+        try:
+            loc = parse_location(location, what=f"setting `dedupe_against[{i}]`")
+        except StoreError as exc:
+            problems.append(f"{exc}; accepted: s3://bucket/key or a local path inside the "
+                            "data roots")
+            continue
+        if loc.scheme == "s3":
+            continue
+        if not inside_data_roots(str(loc), d.data_roots):
             problems.append(f"setting `dedupe_against[{i}]`: got {location!r}; accepted: an "
                             f"s3:// location or a local path inside the data roots {roots}")
     return problems

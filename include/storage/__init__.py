@@ -1,5 +1,12 @@
 """Where a run's files live: one create-only interface over a local directory or S3."""
 
+from include.storage.errors import ObjectExistsError, StoreError
+from include.storage.locations import (
+    DEFAULT_PROTECTED_PREFIXES,
+    check_protected_prefixes,
+    normalize_location,
+    validate_output_location,
+)
 from include.storage.publish import (
     PublishResult,
     encode_manifest,
@@ -10,15 +17,13 @@ from include.storage.publish import (
 )
 from include.storage.s3 import S3Store, make_s3_client, split_s3_uri
 from include.storage.store import (
-    DEFAULT_PROTECTED_PREFIXES,
     LocalStore,
-    ObjectExistsError,
     ReadOnlyStore,
     Store,
-    StoreError,
+    check_readable,
+    open_readable,
     open_store,
     sha256_hex,
-    validate_output_location,
 )
 
 __all__ = [
@@ -30,10 +35,14 @@ __all__ = [
     "ReadOnlyStore",
     "Store",
     "StoreError",
+    "check_protected_prefixes",
+    "check_readable",
     "encode_manifest",
     "make_s3_client",
+    "normalize_location",
     "publish_files",
     "publish_generated_shard",
+    "open_readable",
     "open_store",
     "sha256_hex",
     "shard_name",

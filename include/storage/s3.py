@@ -17,7 +17,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from include.storage.store import ObjectExistsError, StoreError, sha256_hex
+from include.storage.errors import ObjectExistsError, StoreError
+from include.storage.locations import check_write, parse_location
+from include.storage.store import sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +48,15 @@ _CREDENTIAL_CODES = frozenset(
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """Return ``(bucket, key_prefix)`` of ``s3://bucket/a/b``; the prefix has no edge slashes.
+    """Return ``(bucket, key_prefix)`` of ``s3://bucket/a/b``, normalised as every location is.
 
-    Raises StoreError for a URI without a bucket, or with empty or ``..`` path segments (S3
-    would take them literally, which makes protected-prefix checks unreliable).
+    The prefix has no edge slashes (see ``include.storage.locations``); StoreError for a URI
+    that is not an s3:// location or not a valid one.
     """
-    if not uri.startswith("s3://"):
+    loc = parse_location(uri)
+    if loc.scheme != "s3":
         raise StoreError(f"{uri!r} is not an s3:// location")
-    rest = uri[len("s3://") :]
-    bucket, _, prefix = rest.partition("/")
-    prefix = prefix.rstrip("/")
-    if not bucket:
-        raise StoreError(f"{uri!r}: no bucket; expected s3://bucket/prefix")
-    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
-        raise StoreError(
-            f"{uri!r}: empty, '.' or '..' path segments are not allowed in an s3:// location"
-        )
-    return bucket, prefix
+    return loc.bucket, "/".join(loc.segments)
 
 
 def make_s3_client(conn_id: str | None = "aws_default", endpoint_url: str | None = None) -> Any:
@@ -96,6 +90,8 @@ class S3Store:
     """A ``Store`` over ``s3://bucket/prefix``: create-only, verified, paginated listing."""
 
     verifies_writes = True
+    #: Protected prefixes every key written is checked against (set by ``open_store``).
+    protected: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -256,6 +252,7 @@ class S3Store:
     # --- writes ---------------------------------------------------------------------------
     def write_new(self, key: str, data: bytes) -> bool:
         full = self._key(key)
+        check_write(self.uri(key), self.protected)
         digest = hashlib.sha256(data).digest()
         sha_hex = digest.hex()
         for attempt in range(_CONFLICT_RETRIES + 1):

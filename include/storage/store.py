@@ -14,17 +14,22 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from include.storage.errors import ObjectExistsError, StoreError
+from include.storage.locations import (
+    DEFAULT_PROTECTED_PREFIXES,
+    Location,
+    check_write,
+    normalize_location,
+    parse_location,
+    validate_output_location,
+)
+
+if TYPE_CHECKING:
+    from include.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
-
-
-class StoreError(RuntimeError):
-    """A storage operation failed; the message names the location and what to do."""
-
-
-class ObjectExistsError(StoreError):
-    """A different object already exists at the key; nothing was overwritten."""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -64,6 +69,9 @@ class Store(Protocol):
 class LocalStore:
     """A ``Store`` over a local directory, for local runs and tests."""
 
+    #: Protected prefixes every key written is checked against (set by ``open_store``).
+    protected: tuple[str, ...] = ()
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = str(Path(root))
         self._root = Path(root)
@@ -78,6 +86,7 @@ class LocalStore:
 
     def write_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)
+        check_write(str(path), self.protected)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
@@ -118,71 +127,6 @@ class LocalStore:
         )
 
 
-#: The original training data's prefix; see ``protected_prefixes`` in include/settings.py.
-DEFAULT_PROTECTED_PREFIXES: tuple[str, ...] = ("completions/",)
-
-
-def _location_parts(location: str) -> tuple[str, tuple[str, ...]]:
-    """Return ``(namespace, path segments)``: ``("s3://bucket", ...)`` or ``("file", ...)``."""
-    if location.startswith("s3://"):
-        rest = location[len("s3://") :]
-        bucket, _, path = rest.partition("/")
-        segments = tuple(p for p in path.split("/") if p)
-        if not bucket or any(p in (".", "..") for p in segments):
-            raise StoreError(
-                f"location {location!r}: expected s3://bucket/prefix without '.' or '..' segments"
-            )
-        return f"s3://{bucket}", segments
-    return "file", Path(os.path.abspath(location)).parts
-
-
-def validate_output_location(
-    uri: str, protected_prefixes: Sequence[str] = DEFAULT_PROTECTED_PREFIXES
-) -> None:
-    """Raise StoreError if ``uri`` is equal to, inside, or contains a protected prefix.
-
-    A protected prefix is a full location (``s3://bucket/completions``, ``/data/completions``)
-    or relative (``completions/``). For s3:// locations, relative ones (and ``/completions``)
-    mean that folder at the root of the location's bucket; for local ones, any directory of
-    that name (path segments) anywhere in the path. Trailing slashes do not matter; prefixes
-    are whole path segments, so ``completions/`` does not protect ``completions-v2/``. Call it
-    before any work.
-    """
-    namespace, segments = _location_parts(uri)
-    hits: list[str] = []
-    for prefix in protected_prefixes:
-        if not prefix.strip("/"):
-            raise StoreError(f"protected prefix {prefix!r} is empty: it would protect everything")
-        # For s3:// outputs a leading "/" still means the bucket root: refusing too much is
-        # safer than reading "/completions/" as a local path that protects nothing there.
-        if prefix.startswith("s3://") or (namespace == "file" and os.path.isabs(prefix)):
-            p_namespace, p_segments = _location_parts(prefix)
-            if p_namespace != namespace:
-                continue
-            n = min(len(segments), len(p_segments))
-            if segments[:n] == p_segments[:n]:  # equal, inside (n = len(p)) or containing
-                hits.append(prefix)
-            continue
-        rel = tuple(p for p in prefix.split("/") if p)
-        if namespace != "file":
-            n = min(len(segments), len(rel))
-            if segments[:n] == rel[:n]:
-                hits.append(prefix)
-        elif any(segments[i : i + len(rel)] == rel for i in range(len(segments))):
-            hits.append(prefix)
-    if hits:
-        raise StoreError(
-            f"output location {uri!r} (resolved: {_resolved(uri)}) is equal to, inside, or "
-            f"contains protected prefix(es) {hits} (all protected: {list(protected_prefixes)}); "
-            "nothing was written. Choose another output_uri/run_name, or change "
-            "protected_prefixes if that location really is yours to write."
-        )
-
-
-def _resolved(uri: str) -> str:
-    return uri.rstrip("/") if uri.startswith("s3://") else os.path.abspath(uri)
-
-
 def open_store(
     uri: str,
     *,
@@ -190,31 +134,84 @@ def open_store(
     protected_prefixes: Sequence[str] = DEFAULT_PROTECTED_PREFIXES,
     read_only: bool = False,
 ) -> Store:
-    """Return the store for ``uri``: ``s3://bucket/prefix`` or a local directory.
+    """Return the store at ``uri`` (``s3://bucket/prefix`` or a local directory), normalised.
 
-    For writing (the default) the location is first checked against ``protected_prefixes``
-    (see ``validate_output_location``) and, for S3, the bucket and credentials are probed, so
-    a misconfiguration fails before any work. ``read_only=True`` skips the protection check
+    The store's root is ``normalize_location(uri)``: the location that was checked. For
+    writing (the default) the location is first checked against ``protected_prefixes`` (see
+    ``validate_output_location``; a local one also where its symbolic links lead), every key
+    written is checked again, and for S3 the bucket and credentials are probed, so a
+    misconfiguration fails before any work. ``read_only=True`` skips the protection checks
     (reading protected data, e.g. for dedupe, is fine) and returns a store whose
     ``write_new`` raises StoreError.
     """
+    location = normalize_location(uri)
     if not read_only:
         validate_output_location(uri, protected_prefixes)
+        real = location if location.startswith("s3://") else os.path.realpath(location)
+        if real != location:
+            try:
+                validate_output_location(real, protected_prefixes)
+            except StoreError as exc:
+                raise StoreError(f"output location {uri!r} leads through a symbolic link to "
+                                 f"{real}: {exc}") from None
         log.info(
             "output location %s (protected prefixes: %s)",
-            _resolved(uri),
+            location,
             ", ".join(protected_prefixes) or "none",
         )
-    store: Store
-    if uri.startswith("s3://"):
+    store: LocalStore | S3Store
+    if location.startswith("s3://"):
         from include.storage.s3 import S3Store
 
-        s3 = S3Store(uri, conn_id=s3_conn_id)
-        s3.check_access()
-        store = s3
+        store = S3Store(location, conn_id=s3_conn_id)
+        store.check_access()
     else:
-        store = LocalStore(uri)
-    return ReadOnlyStore(store) if read_only else store
+        store = LocalStore(location)
+    if read_only:
+        return ReadOnlyStore(store)
+    store.protected = tuple(protected_prefixes)
+    return store
+
+
+def open_readable(location: str, *, s3_conn_id: str = "aws_default") -> tuple[Store, str]:
+    """Return a read-only store holding ``location`` and the name ``location`` has in it.
+
+    ``store.list(name)`` lists the file at ``location`` or every file under it (on S3: the
+    key itself or the folder). Reading is never checked against protected prefixes: reading
+    protected data (earlier completions, to deduplicate against) is legitimate.
+    """
+    loc = parse_location(location)
+    if not loc.segments:
+        return open_store(str(loc), read_only=True, s3_conn_id=s3_conn_id), ""
+    parent = Location(loc.scheme, loc.bucket, loc.segments[:-1])
+    return open_store(str(parent), read_only=True, s3_conn_id=s3_conn_id), loc.segments[-1]
+
+
+def check_readable(
+    location: str, s3_conn_id: str = "aws_default", suffixes: tuple[str, ...] = (".jsonl", ".json")
+) -> None:
+    """Raise StoreError unless ``location`` holds a readable file ending in ``suffixes``.
+
+    Opens the location read-only (on S3: bucket and credentials), lists until the first such
+    file and checks that one can be read, without reading any file whole.
+    """
+    store, name = open_readable(location, s3_conn_id=s3_conn_id)
+    inner = store.inner if isinstance(store, ReadOnlyStore) else store
+    keys = inner.iter_keys(name) if hasattr(inner, "iter_keys") else iter(inner.list(name))
+    first = next((k for k in keys if k.endswith(suffixes)), None)
+    if first is None:
+        raise StoreError(
+            f"{location!r} does not exist or holds no {'/'.join(suffixes)} files; give a file "
+            f"or folder of them (s3:// read with connection {s3_conn_id!r})")
+    try:
+        if isinstance(inner, LocalStore):
+            with open(inner.uri(first), "rb") as fh:
+                fh.read(1)
+        elif not inner.exists(first):  # S3 HEAD needs the permission a read needs
+            raise FileNotFoundError(inner.uri(first))
+    except OSError as exc:
+        raise StoreError(f"{location!r}: cannot read {inner.uri(first)} ({exc}); make it "
+                         "readable by the Airflow workers") from None
 
 
 class ReadOnlyStore:

@@ -87,6 +87,21 @@ def _ok(proc: subprocess.CompletedProcess) -> None:
     )
 
 
+def _airflow_db_holds(env: dict[str, str], secret: str) -> list[str]:
+    """Return the tables of the run's Airflow database (SQLite) whose rows hold ``secret``."""
+    import sqlite3
+
+    db = sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")
+    hits = []
+    for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'"):
+        for row in db.execute(f'SELECT * FROM "{table}"'):  # noqa: S608 - our own test db
+            if any(secret.encode() in (v if isinstance(v, bytes) else str(v).encode())
+                   for v in row if v is not None):
+                hits.append(table)
+                break
+    return hits
+
+
 def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     airflow_env, run_conf, s3_bucket: Bucket  # noqa: F811
 ) -> None:
@@ -94,10 +109,17 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
                  for i in range(3)}
     for key, data in originals.items():
         s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=data)
-    conf = run_conf()
+    key = "sk-regen-" + os.urandom(8).hex()
+    conf = run_conf(api_key=key)  # a deployment's connection, never the run's conf
     proc = _dags_test(airflow_env, conf)
     _ok(proc)
     assert _keys(s3_bucket, "completions/") == originals
+    # The servers' key is nowhere a person or another run could read it: not in the task
+    # logs, not in any output (report included), not in the run's conf, XCom or any other
+    # table of Airflow's database.
+    assert key not in proc.stdout + proc.stderr
+    assert not [k for k, v in _keys(s3_bucket, "").items() if key.encode() in v]
+    assert _airflow_db_holds(airflow_env, key) == []
 
     run = _keys(s3_bucket, "runs/expansion_v1/")
     prompts = json.loads(run["runs/expansion_v1/prompts/manifest.json"])
@@ -149,6 +171,17 @@ def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
         "tokenized/shard-00001.manifest.json")]
     assert len(regenerated) == 1
 
+    # A backfill with nothing left to do needs no GPU: no server is launched.
+    log_dir = Path(run_conf()["server_log_dir"])
+    logs_before = sorted(p.name for p in log_dir.glob("*")) if log_dir.exists() else []
+    proc = _dags_test(airflow_env, run_conf(shard_range="0-3"))
+    _ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "4 already complete and skipped" in out
+    assert "no server launched" in out
+    assert "[DAG TEST] starting task_id=wait_for_server" not in out
+    assert (sorted(p.name for p in log_dir.glob("*")) if log_dir.exists() else []) == logs_before
+
 
 def test_a_server_killed_mid_run_loses_nothing(
     airflow_env, run_conf, s3_bucket: Bucket, tmp_path  # noqa: F811
@@ -191,10 +224,12 @@ def test_a_server_killed_mid_run_loses_nothing(
 def test_a_failed_run_still_stops_the_servers_it_started(
     airflow_env, run_conf, tmp_path
 ) -> None:
-    conf = run_conf(tokenizer_path=str(tmp_path / "no-such-tokenizer"))
+    # Every answer is cut at 16 tokens and no truncation is tolerated: the servers run, the
+    # shards finish, and the report's quality gate fails the run.
+    conf = run_conf(shard_range="0", max_tokens=16, max_truncation_rate=0.0)
     proc = _dags_test(airflow_env, conf)
     out = proc.stdout + proc.stderr
     assert "state=failed" in out
-    assert "no-such-tokenizer" in out  # the error names the setting's value
+    assert "max_truncation_rate" in out  # the error names the gate's setting
     assert "task_id=stop_servers" in out
     assert _ports_closed(run_conf.base)

@@ -91,7 +91,9 @@ def test_seeded_completions_are_untouched_by_a_full_shards_outputs(s3_bucket: Bu
         ("{b}/completions", ["completions/"]),  # equal
         ("{b}/completions/", ["completions"]),  # equal, slashes swapped
         ("{b}/completions/run1", ["completions/"]),  # inside
-        ("{b}", ["completions/"]),  # bucket root contains it
+        ("{b}/runs/completions/run1", ["completions/"]),  # inside, at any depth
+        ("{b}", ["/completions/"]),  # the bucket root contains it
+        ("S3://{n}//runs/../completions/./run1", ["./completions/"]),  # spelled otherwise
         ("{b}/", ["{b}/completions"]),  # containing, full form
         ("{b}/completions/x/run1", ["{b}/completions/"]),  # inside, full form
         ("{b}/data", ["{b}/data/completions"]),  # containing a deeper protected prefix
@@ -100,20 +102,22 @@ def test_seeded_completions_are_untouched_by_a_full_shards_outputs(s3_bucket: Bu
 def test_protected_prefix_misconfigurations_are_refused_before_any_work(
     s3_bucket: Bucket, output: str, protected: list[str]
 ) -> None:
-    output = output.format(b=s3_bucket.uri)
+    output = output.format(b=s3_bucket.uri, n=s3_bucket.name)
     protected = [p.format(b=s3_bucket.uri) for p in protected]
     with pytest.raises(StoreError, match="protected prefix") as err:
         open_store(output, s3_conn_id="no_such_connection", protected_prefixes=protected)
     # Refused before touching S3: the (missing) connection was never even looked up.
     assert "no_such_connection" not in str(err.value)
-    assert output.rstrip("/") in str(err.value)
+    assert repr(output) in str(err.value)
     assert s3_bucket.client.list_objects_v2(Bucket=s3_bucket.name).get("KeyCount", 0) == 0
 
 
 def test_similar_names_and_other_buckets_are_allowed(s3_bucket: Bucket) -> None:
     conn = s3_bucket.endpoint.conn_id
-    for output in (f"{s3_bucket.uri}/completions-v2/run1", f"{s3_bucket.uri}/runs/completions"):
+    for output in (f"{s3_bucket.uri}/completions-v2/run1", f"{s3_bucket.uri}/runs/xcompletions"):
         assert open_store(output, s3_conn_id=conn).root == output
+    spelled = f"S3://{s3_bucket.name}//runs/./a/../r1/"
+    assert open_store(spelled, s3_conn_id=conn).root == f"{s3_bucket.uri}/runs/r1"
     other = open_store(
         f"{s3_bucket.uri}/runs", s3_conn_id=conn, protected_prefixes=["s3://another-bucket/runs/"]
     )
@@ -216,3 +220,12 @@ def test_wrong_credentials_in_the_airflow_connection(
     monkeypatch.setenv("AIRFLOW_CONN_REGEN_BAD_S3", conn)
     with pytest.raises(StoreError, match=r"refused the credentials.*'regen_bad_s3'"):
         open_store(f"{s3_bucket.uri}/runs/r1", s3_conn_id="regen_bad_s3")
+
+
+def test_every_key_written_to_s3_is_checked_against_relative_prefixes(s3_bucket: Bucket) -> None:
+    store = open_store(f"{s3_bucket.uri}/runs/r1", s3_conn_id=s3_bucket.endpoint.conn_id,
+                       protected_prefixes=["prompts/"])
+    store.write_new("generated/a.jsonl", b"x\n")
+    with pytest.raises(StoreError, match="is inside protected prefix 'prompts/'"):
+        store.write_new("prompts/shard-00000.jsonl", b"x\n")
+    assert _snapshot(s3_bucket, "runs/r1/prompts/") == {}

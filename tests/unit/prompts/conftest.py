@@ -14,10 +14,15 @@ from tests.fixtures.settings import run_settings
 
 @pytest.fixture
 def make_settings(tmp_path: Path) -> Callable[..., RunSettings]:
-    """Return a builder of RunSettings writing under tmp_path."""
+    """Return a builder of RunSettings writing under tmp_path.
+
+    The test deployment has no source catalogue: every test names its sources with a path,
+    also under the bundled samples' names (the catalogue would refuse a path for those).
+    """
 
     def build(sources: list[dict[str, Any]], **overrides: Any) -> RunSettings:
-        values = {"sources": sources, "output_uri": str(tmp_path / "out"), "run_name": "t"}
+        values = {"sources": sources, "output_uri": str(tmp_path / "out"), "run_name": "t",
+                  "source_catalogue": {}}
         values.update(overrides)
         return run_settings(values)
 

@@ -30,6 +30,11 @@ def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
     assert stagger([], 3) == []
 
 
+def _changed(settings: RunSettings, **changes) -> RunSettings:
+    """Return ``settings`` with run settings changed, on the same deployment."""
+    return RunSettings.from_mapping({**settings.to_dict(), **changes}, settings.deployment)
+
+
 @pytest.fixture
 def settings(tmp_path) -> RunSettings:
     return run_settings(
@@ -49,7 +54,7 @@ def test_plan_reuses_shards_prepared_with_the_same_settings(settings, caplog) ->
 
 def test_plan_refuses_shards_prepared_with_other_settings(settings) -> None:
     prepare_or_reuse(settings)
-    other = run_settings({**settings.to_dict(), "seed": 5})
+    other = _changed(settings, seed=5)
     with pytest.raises(PrepareError, match=r"different: \['seed'\]"):
         prepare_or_reuse(other)
 
@@ -58,14 +63,14 @@ def test_shard_range_skips_complete_shards_and_force_goes_elsewhere(settings) ->
     plan_run(settings, "run-1")
     store = LocalStore(settings.run_uri)
     store.write_new("tokenized/shard-00001.manifest.json", b"{}")
-    ranged = run_settings({**settings.to_dict(), "shard_range": "0-2"})
+    ranged = _changed(settings, shard_range="0-2")
     assert [p["shard_id"] for p in plan_run(ranged, "run-2")] == ["shard-00000", "shard-00002"]
-    forced = run_settings({**ranged.to_dict(), "force_regenerate": True})
+    forced = _changed(ranged, force_regenerate=True)
     plan = plan_run(forced, "manual__2026-11-30T01:00:00+00:00")
     assert [p["shard_id"] for p in plan] == ["shard-00000", "shard-00001", "shard-00002"]
     assert plan[0]["outputs_uri"] == outputs_uri(forced, "manual__2026-11-30T01:00:00+00:00")
     assert "/regenerations/manual__2026-11-30T01_00_00_00_00" in plan[0]["outputs_uri"]
-    too_far = run_settings({**settings.to_dict(), "shard_range": "0-99"})
+    too_far = _changed(settings, shard_range="0-99")
     with pytest.raises(SettingsError, match="outside the"):
         plan_run(too_far, "run-3")
 

@@ -222,7 +222,8 @@ def test_dedupe_against_an_existing_prompt_set(make_settings, tmp_path) -> None:
     path = tmp_path / "mm.json"
     records = list(rows("metamathqa", 20, dup_share=0))
     write_json_array(path, records)
-    existing = tmp_path / "existing.jsonl"
+    existing = tmp_path / "completions" / "existing.jsonl"  # protected: read, never written
+    existing.parent.mkdir()
     existing.write_text(
         "".join(
             json.dumps(
@@ -239,9 +240,10 @@ def test_dedupe_against_an_existing_prompt_set(make_settings, tmp_path) -> None:
         )
     )
     manifest, _ = _run(
-        make_settings([{"name": "mm", "path": str(path)}], dedupe_against=[str(existing)])
+        make_settings([{"name": "mm", "path": str(path)}], dedupe_against=[str(existing.parent)])
     )
     assert manifest["sources"]["mm"]["dropped"] == {"already_in_existing_set": 7}
+    assert [p.name for p in existing.parent.iterdir()] == ["existing.jsonl"]
 
 
 def test_shard_plan_beyond_airflow_map_limit_names_the_setting(make_settings, tmp_path):

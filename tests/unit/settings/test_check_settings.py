@@ -29,13 +29,15 @@ def _written(tmp_path: Path) -> list[Path]:
     return [p for p in (tmp_path / "out").rglob("*")] if (tmp_path / "out").exists() else []
 
 
-def test_good_settings_pass_and_log_the_completion_bound(tmp_path, data, capsys) -> None:
+def test_good_settings_pass_and_log_the_completion_bound(tmp_path, data, capsys,
+                                                        caplog) -> None:
+    caplog.set_level("INFO")
     run = check_settings({"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}],
                           "max_tokens": 8192, "context_length": 8192},
                          _deployment(tmp_path, data))
     assert run.max_tokens == 8192  # a cap at the context length is safe: accepted
-    out = capsys.readouterr()
-    assert budget_line(run) in out.out + out.err
+    out = capsys.readouterr()  # Airflow's structlog prints; plain logging goes to caplog
+    assert budget_line(run) in out.out + out.err + caplog.text
     assert "min(max_tokens=8192, 8192 - P - 16)" in budget_line(run)
     assert "longer than 7920 tokens" in budget_line(run)
     assert _written(tmp_path) == []
@@ -50,6 +52,8 @@ def test_good_settings_pass_and_log_the_completion_bound(tmp_path, data, capsys)
          ["`sources[0]` (mine)", "no .parquet, .json or .jsonl files"]),
         ({"dedupe_against": ["{data}/nope.jsonl"]},
          ["`dedupe_against[0]`", "nope.jsonl", "does not exist"]),
+        ({"dedupe_against": ["{data}/empty"]},
+         ["`dedupe_against[0]`", "holds no .jsonl/.json files"]),
         ({"tokenizer_path": "{data}"}, ["`tokenizer_path`", "cannot load a tokenizer"]),
     ],
 )

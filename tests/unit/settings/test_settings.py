@@ -120,8 +120,18 @@ def test_local_paths_must_be_inside_a_data_root(deployment, tmp_path) -> None:
         RunSettings.from_mapping({"tokenizer_path": "/etc"}, deployment)
     with pytest.raises(SettingsError, match=r"`dedupe_against\[0\]`"):
         RunSettings.from_mapping({"dedupe_against": ["/etc/passwd"]}, deployment)
-    with pytest.raises(SettingsError, match=r"`dedupe_against\[0\]`.*s3://"):
+    with pytest.raises(SettingsError, match=r"`dedupe_against\[0\]`.*'gs:'.*s3://"):
         RunSettings.from_mapping({"dedupe_against": ["gs://bucket/x"]}, deployment)
+
+
+def test_deployment_locations_are_normalised_and_checked() -> None:
+    d = deployment_settings(output_root="S3://bucket//runs/./x/", protected_prefixes=["a/"])
+    assert d.output_root == "s3://bucket/runs/x"
+    for bad in (["*/completions"], [""]):
+        with pytest.raises(ValueError, match="protected"):
+            deployment_settings(protected_prefixes=bad)
+    with pytest.raises(ValueError, match="percent-escape"):
+        deployment_settings(output_root="s3://bucket/runs%2F..%2Fcompletions")
 
 
 def test_wrong_deployment_settings_name_their_environment_variable(monkeypatch) -> None:
