@@ -3,27 +3,92 @@
 A run is a folder ``<output root>/<run_name>/`` holding ``prompts/manifest.json``; its outputs
 live in the run folder itself and in each ``regenerations/<id>/`` under it (forced
 regenerations). Per outputs location: a shard is *done* when its tokenized manifest exists,
-*running* when it has journal segments or a generated manifest but no tokenized manifest, and
+*tokenizing* when only its generated manifest exists (published, waiting for or in tokenize),
+*generating* when it has a journal (its ``started`` marker or segments) and no manifest, and
 *left* otherwise. Row counts come from the generated manifest of a shard that has one and from
 the journal of a shard still generating (the manifest is built from that journal: one source
-per shard). Journal segments are immutable, so their parsed summaries are cached by key.
+per shard).
+
+A page open in several browsers must not turn into a listing of the store and a probe of every
+server per request: ``live_runs`` answers from states at most ``ttl_s`` old (one listing per
+run, one probe per server per ``ttl_s``), and every cache is bounded. Journal segments and
+manifests are create-only, so what is parsed from them is kept (least recently used first out).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from include.generation.journal import merge_lines
-from include.storage import LocalStore, Store
+from cachetools import LRUCache, TTLCache
 
+from include.generation.journal import merge_lines
+from include.storage import LocalStore, S3Store, Store
+
+#: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
+DAG_ID = "regenerate_drafter_data"
 #: Seconds of recent completions the tokens/s and ETA are computed over.
 RATE_WINDOW_S = 120.0
+#: What a run's report folder holds (see include/reporting/report.py), by extension, with its
+#: media type: nothing else is served.
+REPORT_MEDIA_TYPES = {"html": "text/html", "md": "text/markdown", "json": "application/json",
+                      "png": "image/png"}
+# One path segment written by this project: no "", ".", ".." or hidden names.
+_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
+_REPORT_KEY = re.compile(
+    rf"{_SEGMENT}/(?:regenerations/{_SEGMENT}/)?report/{_SEGMENT}/{_SEGMENT}\.(?P<ext>[a-z]+)")
+
+
+def is_report_file(key: str) -> bool:
+    """Return whether ``key`` is a file of a run's report and nothing else.
+
+    Exactly ``<run>/report/<run id>/<file>`` or, for a forced regeneration,
+    ``<run>/regenerations/<id>/report/<run id>/<file>``, with an extension of
+    ``REPORT_MEDIA_TYPES``: a journal under a regeneration whose id happens to be ``report``
+    (``<run>/regenerations/report/journal/...``) is not a report file.
+    """
+    match = _REPORT_KEY.fullmatch(key)
+    return match is not None and match["ext"] in REPORT_MEDIA_TYPES
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Throughput over the journals' last ``RATE_WINDOW_S`` seconds, as of their last line."""
+
+    tokens_per_s: float
+    prompts_per_s: float
+    as_of: float
+
+
+def journal_rate(finished: list[tuple[float, int]], window_s: float = RATE_WINDOW_S
+                 ) -> Rate | None:
+    """Return the rate of completions ``(finished_at, completion tokens)``, or None.
+
+    Measured on the journals' own clock, not the page's: over the ``window_s`` seconds before
+    the last completion when the journals go back further; otherwise from the first
+    completion to the last, without the first one's tokens (they were generated before the
+    span starts). None until two completions are apart in time.
+    """
+    if not finished:
+        return None
+    times = sorted(finished)
+    end = times[-1][0]
+    start = end - window_s
+    if times[0][0] < start:
+        span, counted = window_s, [t for t in times if t[0] > start]
+    else:
+        span, counted = end - times[0][0], times[1:]
+    if span <= 0:
+        return None
+    return Rate(sum(t for _, t in counted) / span, len(counted) / span, end)
 
 
 @dataclass
@@ -31,37 +96,50 @@ class _Part:
     """The slim content of one journal segment: final status per id, and completions."""
 
     status: dict[str, str] = field(default_factory=dict)
-    finished: list[tuple[str, float, int, str]] = field(default_factory=list)
+    finished: list[tuple[float, int, str]] = field(default_factory=list)
 
 
 class RunMonitor:
-    """Read run states under one output root; keeps a cache of parsed journal segments."""
+    """Read run states under one output root, with bounded caches (see the module doc)."""
 
-    def __init__(self, store: Store, probe_timeout_s: float = 1.0) -> None:
+    def __init__(self, store: Store, probe_timeout_s: float = 1.0, ttl_s: float = 5.0,
+                 max_runs: int = 64, max_journal_records: int = 200_000,
+                 timer: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.probe_timeout_s = probe_timeout_s
-        self._parts: dict[str, _Part] = {}
-        self._json: dict[str, dict[str, Any]] = {}
+        self._lock = threading.RLock()
+        self._names: TTLCache[str, list[str]] = TTLCache(1, ttl_s, timer)
+        self._states: TTLCache[str, dict[str, Any]] = TTLCache(max_runs, ttl_s, timer)
+        self._health: TTLCache[str, str] = TTLCache(256, ttl_s, timer)
+        # Sized in journal records, the bulk of what is kept: memory stays bounded however
+        # many shards a run has.
+        self._parts: LRUCache[str, _Part] = LRUCache(
+            max_journal_records, getsizeof=lambda p: len(p.status) + 1)
+        self._facts: LRUCache[str, Any] = LRUCache(4096)
 
     # --- discovery -------------------------------------------------------------------------
     def run_names(self) -> list[str]:
         """Return the run folders under the root (those holding ``prompts/manifest.json``)."""
         inner = getattr(self.store, "inner", self.store)
+        # One folder-level listing, never a listing of every file of every run.
         if isinstance(inner, LocalStore):
-            # One directory listing instead of walking every journal file of every run.
             root = Path(inner.root)
-            names = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-            return sorted(n for n in names if self.store.exists(f"{n}/prompts/manifest.json"))
-        return sorted({k.split("/")[0] for k in self.store.list("")
-                       if k.endswith("/prompts/manifest.json") and k.count("/") == 2})
+            folders = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        elif isinstance(inner, S3Store):
+            base = f"{inner.prefix}/" if inner.prefix else ""
+            pages = inner.client.get_paginator("list_objects_v2").paginate(
+                Bucket=inner.bucket, Prefix=base, Delimiter="/")
+            folders = [p["Prefix"][len(base):].rstrip("/")
+                       for page in pages for p in page.get("CommonPrefixes", ())]
+        else:
+            folders = sorted({k.split("/")[0] for k in self.store.list("") if "/" in k})
+        return sorted(n for n in folders if self.store.exists(f"{n}/prompts/manifest.json"))
 
-    def _read_json(self, key: str, cache: bool) -> dict[str, Any]:
-        if cache and key in self._json:
-            return self._json[key]
-        data = json.loads(self.store.read(key))
-        if cache:
-            self._json[key] = data
-        return data
+    def _fact(self, key: str, extract: Callable[[dict[str, Any]], Any]) -> Any:
+        """Return ``extract(json at key)`` of a create-only file, parsed once."""
+        if key not in self._facts:
+            self._facts[key] = extract(json.loads(self.store.read(key)))
+        return self._facts[key]
 
     def _part(self, key: str) -> _Part:
         part = self._parts.get(key)
@@ -74,22 +152,39 @@ class RunMonitor:
                 if rec.get("status") == "completed":
                     finished_at = float((rec.get("timings") or {}).get("finished_at") or 0)
                     tokens = int((rec.get("usage") or {}).get("completion_tokens") or 0)
-                    part.finished.append((rec["id"], finished_at, tokens, rec.get("server", "")))
-            self._parts[key] = part
+                    part.finished.append((finished_at, tokens, rec.get("server", "")))
+            try:
+                self._parts[key] = part
+            except ValueError:  # one segment larger than the whole cache: use it uncached
+                pass
         return part
 
     # --- state -----------------------------------------------------------------------------
+    def live_runs(self) -> list[dict[str, Any]]:
+        """Return every run's state, each at most ``ttl_s`` old (for the page and its API)."""
+        with self._lock:  # concurrent requests wait for one computation instead of repeating it
+            names = self._names.get("")
+            if names is None:
+                names = self._names[""] = self.run_names()
+            out = []
+            for name in names:
+                state = self._states.get(name)
+                if state is None:
+                    state = self._states[name] = self.run_state(name)
+                out.append(state)
+            return out
+
     def runs(self, now: float | None = None, probe: bool = True) -> list[dict[str, Any]]:
-        """Return the state of every run under the root (see ``run_state``)."""
-        return [self.run_state(name, now=now, probe=probe) for name in self.run_names()]
+        """Return the state of every run under the root, read now (see ``run_state``)."""
+        with self._lock:
+            return [self.run_state(name, now=now, probe=probe) for name in self.run_names()]
 
     def run_state(self, name: str, now: float | None = None, probe: bool = True
                   ) -> dict[str, Any]:
         """Return one run's state: one entry per outputs location, newest report links."""
         now = time.time() if now is None else now
-        # The prompt manifest is rewritten by nobody (create-only), so it is cached.
-        manifest = self._read_json(f"{name}/prompts/manifest.json", cache=True)
-        shard_prompts = {s["shard_id"]: s["count"] for s in manifest["shards"] if s["count"]}
+        shard_prompts = self._fact(f"{name}/prompts/manifest.json", lambda m: {
+            s["shard_id"]: s["count"] for s in m["shards"] if s["count"]})
         keys = self.store.list(f"{name}/")
         locations = sorted({k[len(name) + 1:].split("/report/")[0].split("/journal/")[0]
                             .split("/generated/")[0].split("/tokenized/")[0]
@@ -111,67 +206,72 @@ class RunMonitor:
                      if k.startswith("tokenized/") and k.endswith(".manifest.json")}
         generated = {k.split("/")[1].split(".")[0] for k in keys
                      if k.startswith("generated/") and k.endswith(".manifest.json")}
-        journals: dict[str, list[str]] = {}
+        journals: dict[str, list[str]] = {}  # a shard's segments; none yet right after start
         for k in keys:
-            if k.startswith("journal/") and k.endswith(".jsonl"):
-                journals.setdefault(k.split("/")[1], []).append(k)
-        running = sorted((generated | set(journals)) - tokenized)
+            if k.startswith("journal/") and k.count("/") == 2:
+                segments = journals.setdefault(k.split("/")[1], [])
+                if k.endswith(".jsonl"):
+                    segments.append(k)
+        generating = sorted(set(journals) - generated - tokenized)
         counts = {"completed": 0, "skipped": 0, "failed": 0}
-        recent: list[tuple[float, int, str]] = []
+        finished: list[tuple[float, int]] = []
         servers_seen: dict[str, float] = {}
-        finished_running = 0
+        progress: dict[str, int] = {}
         for sid in sorted(generated):
-            m = self._read_json(f"{base}generated/{sid}.manifest.json", cache=True)
+            shard_counts = self._fact(f"{base}generated/{sid}.manifest.json",
+                                      lambda m: {k: m["counts"][k] for k in counts})
             for k in counts:
-                counts[k] += m["counts"][k]
-        for sid in sorted(set(journals) - generated):
+                counts[k] += shard_counts[k]
+        for sid in generating:
             status: dict[str, str] = {}
             for key in sorted(journals[sid]):
                 part = self._part(base + key)
                 for pid, st in part.status.items():
                     status.setdefault(pid, st)
-                for _, finished_at, tokens, server in part.finished:
-                    recent.append((finished_at, tokens, server))
+                for finished_at, tokens, server in part.finished:
+                    finished.append((finished_at, tokens))
                     servers_seen[server] = max(servers_seen.get(server, 0.0), finished_at)
             for st in status.values():
                 if st in counts:
                     counts[st] += 1
-            finished_running += len(status)
-        window = [r for r in recent if 0 <= now - r[0] <= RATE_WINDOW_S]
-        tokens_per_s = sum(t for _, t, _ in window) / RATE_WINDOW_S
-        prompts_per_s = len(window) / RATE_WINDOW_S
-        if loc:
-            left_shards = None
-            remaining = sum(shard_prompts.get(s, 0) for s in running) - finished_running
-        else:
-            left = [s for s in shard_prompts if s not in tokenized and s not in running]
-            left_shards = len(left)
-            remaining = (sum(shard_prompts[s] for s in left)
-                         + sum(shard_prompts.get(s, 0) for s in running if s not in generated)
-                         - finished_running)
-        eta_s = remaining / prompts_per_s if prompts_per_s > 0 and remaining > 0 else None
+            progress[sid] = len(status)
+        # A forced regeneration's selection is not in the store: only its started shards count.
+        left = None if loc else sorted(s for s in shard_prompts if s not in tokenized
+                                       and s not in generated and s not in journals)
+        remaining = (sum(shard_prompts.get(s, 0) - progress[s] for s in generating)
+                     + sum(shard_prompts[s] for s in left or ()))
+        rate = journal_rate(finished)
+        idle_s = None if rate is None else max(now - rate.as_of, 0.0)
+        eta_s = (remaining / rate.prompts_per_s if rate and remaining > 0 and idle_s is not None
+                 and idle_s <= RATE_WINDOW_S else None)
         reports = sorted({k.split("/")[1] for k in keys
                           if k.startswith("report/") and k.endswith("/report.json")})
-        report_links = []
-        for rid in reports:
-            rep = self._read_json(f"{base}report/{rid}/report.json", cache=True)
-            report_links.append({"airflow_run_id": rid, "passed": rep.get("passed"),
-                                 "key": f"{base}report/{rid}/report.html"})
+        report_links = [
+            {"airflow_run_id": rid, "key": f"{base}report/{rid}/report.html",
+             "passed": self._fact(f"{base}report/{rid}/report.json", lambda r: r.get("passed"))}
+            for rid in reports]
         return {
-            "location": loc or ".", "shards_done": len(tokenized), "shards_running": len(running),
-            "running": running, "shards_left": left_shards,
+            "location": loc or ".", "shards_done": len(tokenized),
+            "shards_running": len(generating), "shards_left": None if left is None else len(left),
+            "generating": [{"shard_id": s, "finished": progress[s],
+                            "prompts": shard_prompts.get(s, 0)} for s in generating],
+            "tokenizing": sorted(generated - tokenized), "left": left,
             "rows": counts, "remaining_prompts": max(remaining, 0),
-            "tokens_per_s": round(tokens_per_s, 1), "eta_s": None if eta_s is None
-            else round(eta_s), "servers": self._servers(servers_seen, now, probe and running),
+            "tokens_per_s": 0.0 if rate is None else round(rate.tokens_per_s, 1),
+            "idle_s": None if idle_s is None else round(idle_s),
+            "eta_s": None if eta_s is None else round(eta_s),
+            "servers": self._servers(servers_seen, now, probe and bool(generating)),
             "reports": report_links,
         }
 
     def _servers(self, seen: dict[str, float], now: float, probe: bool) -> list[dict[str, Any]]:
         urls = sorted(u for u in seen if u)
-        health: dict[str, str] = {}
-        if probe and urls:
-            with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
-                health = dict(zip(urls, pool.map(self._probe, urls), strict=True))
+        health = {u: self._health[u] for u in urls if probe and u in self._health}
+        stale = [u for u in urls if probe and u not in health]
+        if stale:
+            with concurrent.futures.ThreadPoolExecutor(len(stale)) as pool:
+                for url, result in zip(stale, pool.map(self._probe, stale), strict=True):
+                    health[url] = self._health[url] = result
         return [{"url": u, "last_completion_s_ago": round(now - seen[u], 1),
                  "health": health.get(u, "not probed (no shard running)")} for u in urls]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from include.reporting.monitor import RunMonitor
+import pytest
+
+from include.reporting.monitor import RATE_WINDOW_S, RunMonitor, is_report_file, journal_rate
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
 from tests.unit.reporting.synthetic_run import T0, ShardSpec, write_prompts_manifest, write_shard
@@ -24,10 +26,13 @@ def test_done_running_and_left_shards_with_rows_rate_and_eta(tmp_path) -> None:
     loc = state["locations"][0]
     assert (loc["shards_done"], loc["shards_running"], loc["shards_left"]) == (1, 1, 1)
     assert loc["rows"] == {"completed": 14, "skipped": 1, "failed": 1}
+    assert loc["generating"] == [{"shard_id": "shard-00001", "finished": 6, "prompts": 6}]
+    assert (loc["tokenizing"], loc["left"]) == ([], ["shard-00002"])
     # Shard 1 holds 6 prompts and all 6 are finished; shard 2's 10 are left.
     assert loc["remaining_prompts"] == 10
-    assert loc["tokens_per_s"] == round(sum(100 + i for i in range(6)) / 120, 1)
-    assert loc["eta_s"] == round(10 / (6 / 120))
+    # Completions 1 s apart (T0+1..T0+6): 5 intervals carry the last five answers' tokens.
+    assert loc["tokens_per_s"] == sum(101 + i for i in range(5)) / 5
+    assert (loc["idle_s"], loc["eta_s"]) == (54, 10)
     assert {s["url"] for s in loc["servers"]} == {"http://s0:1", "http://s1:1"}
 
 
@@ -49,3 +54,183 @@ def test_a_forced_regeneration_is_its_own_location_and_reports_are_linked(tmp_pa
     assert forced["reports"] == [{"airflow_run_id": "manual_1", "passed": True,
                                   "key": "syn/regenerations/manual_1/report/manual_1/"
                                          "report.html"}]
+
+
+# --- tokens/s and ETA from the journals' own clock -------------------------------------------
+def test_rate_of_a_known_steady_run_is_measured_over_the_last_window() -> None:
+    # Two servers, each answering 200 tokens every second, offset by half a second, for ten
+    # minutes: 400 tokens/s and 2 prompts/s, whenever the page looks.
+    finished = [(T0 + i / 2, 200) for i in range(1200)]
+    rate = journal_rate(finished)
+    assert rate is not None and rate.as_of == T0 + 599.5
+    assert (rate.tokens_per_s, rate.prompts_per_s) == (400.0, 2.0)
+    # A burst that ended long ago does not count in the window.
+    rate = journal_rate([(T0 - 3600, 10**6), *finished])
+    assert rate is not None and rate.tokens_per_s == 400.0
+
+
+def test_rate_before_the_window_fills_spans_first_to_last_completion() -> None:
+    # 30 s into a shard at 3 prompts/s of 50 tokens: a fixed window divisor would say 4x less.
+    finished = [(T0 + 10 + i / 3, 50) for i in range(91)]
+    rate = journal_rate(finished)
+    assert rate is not None
+    assert abs(rate.tokens_per_s - 150.0) < 1e-6 and abs(rate.prompts_per_s - 3.0) < 1e-6
+    assert journal_rate([]) is None and journal_rate([(T0, 5), (T0, 7)]) is None
+    assert RATE_WINDOW_S == 120.0  # the window the page says it uses
+
+
+def test_an_idle_run_has_no_eta(tmp_path) -> None:
+    shards = {"shard-00000": ShardSpec(completed=6, journal_only=True),
+              "shard-00001": ShardSpec(completed=10)}
+    run = LocalStore(tmp_path / "syn")
+    write_prompts_manifest(run, shards)
+    write_shard(run, "shard-00000", shards["shard-00000"])
+    loc = RunMonitor(LocalStore(tmp_path)).run_state(
+        "syn", now=T0 + 6 + RATE_WINDOW_S + 1, probe=False)["locations"][0]
+    assert loc["idle_s"] == RATE_WINDOW_S + 1 and loc["eta_s"] is None
+    assert loc["remaining_prompts"] == 10 and loc["tokens_per_s"] > 0
+
+
+def test_a_shard_that_started_without_answers_yet_is_generating(tmp_path) -> None:
+    shards = {"shard-00000": ShardSpec(completed=4), "shard-00001": ShardSpec(completed=4)}
+    run = LocalStore(tmp_path / "syn")
+    write_prompts_manifest(run, shards)
+    run.write_new("journal/shard-00001/started", b"")
+    loc = RunMonitor(LocalStore(tmp_path)).run_state("syn", probe=False)["locations"][0]
+    assert loc["generating"] == [{"shard_id": "shard-00001", "finished": 0, "prompts": 4}]
+    assert loc["left"] == ["shard-00000"] and loc["remaining_prompts"] == 8
+
+
+# --- which keys the page serves ---------------------------------------------------------------
+@pytest.mark.parametrize("key", [
+    "small/report/manual__first_two/report.html",
+    "small/report/manual__first_two/throughput.png",
+    "small/report/scheduled__2026-01-01T00_00_00_00_00/report.json",
+    "small/report/x/report.md",
+    "small/regenerations/manual_1/report/manual_1/report.html",
+    # A forced regeneration whose run id is "report" still has its report served.
+    "small/regenerations/report/report/report/report.html",
+])
+def test_report_files_are_served(key) -> None:
+    assert is_report_file(key)
+
+
+@pytest.mark.parametrize("key", [
+    # A forced regeneration with run id "report": its journals and outputs are not reports.
+    "small/regenerations/report/journal/shard-00000/part-0001.jsonl",
+    "small/regenerations/report/generated/shard-00000.manifest.json",
+    "small/regenerations/report/tokenized/shard-00000.manifest.json",
+    "small/regenerations/report/tokenized/report.json",
+    # The run's own data.
+    "small/prompts/manifest.json",
+    "small/generated/shard-00000.jsonl",
+    "small/journal/shard-00000/part-0001.jsonl",
+    "small/report/journal/shard-00000.jsonl",
+    # Not exactly <run>/report/<run id>/<file>.
+    "report/x/report.html",
+    "small/report/report.html",
+    "small/report/x/y/report.html",
+    "small/x/report/x/report.html",
+    "a/small/report/x/report.html",
+    "small/regenerations/report/report.html",
+    # Extensions outside the report's, and names that leave or hide in a folder.
+    "small/report/x/data.parquet",
+    "small/report/x/conversations.jsonl",
+    "small/report/x/report.html.bak",
+    "small/report/x/REPORT.HTML",
+    "small/report/../journal/report.html",
+    "small/report/./report.html",
+    "small/report/x/.report.html",
+    "../small/report/x/report.html",
+    "/small/report/x/report.html",
+    "small//report/x/report.html",
+    "small/report/x/report.html\n",
+    "small/report/x/report.html/",
+])
+def test_everything_else_is_refused(key) -> None:
+    assert not is_report_file(key)
+
+
+def test_every_file_a_report_writes_is_served(tmp_path) -> None:
+    from include.reporting import QualityGates, build_report
+
+    shards = {"shard-00000": ShardSpec(completed=4)}
+    run = LocalStore(tmp_path / "syn")
+    write_prompts_manifest(run, shards)
+    write_shard(run, "shard-00000", shards["shard-00000"])
+    settings = run_settings({"output_uri": str(tmp_path), "run_name": "syn"})
+    build_report(settings, run, run, ["shard-00000"], [], run_id="manual__2026-01-01T00:00:00",
+                 gates=QualityGates(max_quarantine_rate=1))
+    written = [f"syn/{k}" for k in run.list("report/")]
+    assert any(k.endswith(".png") for k in written) and any(k.endswith(".md") for k in written)
+    assert [k for k in written if not is_report_file(k)] == []
+    # ... and nothing else the run wrote is.
+    assert [k for k in run.list("") if not k.startswith("report/")
+            and is_report_file(f"syn/{k}")] == []
+
+
+# --- what a request costs ---------------------------------------------------------------------
+class CountingStore(LocalStore):
+    """A local store that counts listings and reads."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.lists: list[str] = []
+        self.reads: list[str] = []
+
+    def list(self, prefix: str) -> list[str]:
+        self.lists.append(prefix)
+        return super().list(prefix)
+
+    def read(self, key: str) -> bytes:
+        self.reads.append(key)
+        return super().read(key)
+
+
+def _two_runs(tmp_path) -> None:
+    for name in ("one", "two"):
+        shards = {"shard-00000": ShardSpec(completed=3), "shard-00001": ShardSpec(completed=3)}
+        run = LocalStore(tmp_path / name)
+        write_prompts_manifest(run, shards)
+        write_shard(run, "shard-00000", shards["shard-00000"])
+        write_shard(run, "shard-00001", ShardSpec(completed=3, journal_only=True))
+
+
+def test_live_runs_lists_each_run_once_per_ttl_and_never_the_whole_store(tmp_path) -> None:
+    _two_runs(tmp_path)
+    clock = [0.0]
+    store = CountingStore(tmp_path)
+    monitor = RunMonitor(store, ttl_s=5.0, timer=lambda: clock[0])
+    first = monitor.live_runs()
+    assert [r["run_name"] for r in first] == ["one", "two"]
+    assert sorted(store.lists) == ["one/", "two/"]  # one listing per run, none of the root
+    reads = len(store.reads)
+    assert monitor.live_runs() == first  # a second request within the TTL costs nothing
+    assert (sorted(store.lists), len(store.reads)) == (["one/", "two/"], reads)
+    clock[0] = 6.0
+    monitor.live_runs()
+    assert sorted(store.lists) == ["one/", "one/", "two/", "two/"]
+    # Journal segments and manifests are create-only: parsed once, not again after the TTL.
+    assert len(store.reads) == reads
+
+
+def test_servers_are_probed_once_per_ttl(tmp_path, monkeypatch) -> None:
+    _two_runs(tmp_path)  # both runs' journals name the same two servers
+    probed: list[str] = []
+    monitor = RunMonitor(LocalStore(tmp_path), ttl_s=60.0)
+    monkeypatch.setattr(monitor, "_probe", lambda url: probed.append(url) or "healthy")
+    monitor.live_runs()
+    monitor.live_runs()
+    assert sorted(probed) == ["http://s0:1", "http://s1:1"]
+
+
+def test_journal_cache_is_bounded_in_records(tmp_path) -> None:
+    _two_runs(tmp_path)
+    monitor = RunMonitor(LocalStore(tmp_path), max_journal_records=4)
+    for name in ("one", "two"):
+        monitor.run_state(name, probe=False)
+    assert 0 < monitor._parts.currsize <= 4
+    # A segment bigger than the whole cache is read and counted, just not kept.
+    small = RunMonitor(LocalStore(tmp_path), max_journal_records=1)
+    state = small.run_state("one", probe=False)
+    assert state["locations"][0]["rows"]["completed"] == 6 and small._parts.currsize == 0
