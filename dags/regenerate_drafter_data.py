@@ -94,8 +94,10 @@ def regenerate_drafter_data() -> None:
     def check_settings(params: dict | None = None) -> None:
         """Fail before any work if a setting is wrong; log the resolved settings."""
         from include.settings.checks import check_settings
+        from include.settings.errors import fail_without_retry
 
-        check_settings(params)
+        with fail_without_retry():
+            check_settings(params)
 
     @task
     def prepare_prompts(params: dict | None = None, run_id: str | None = None) -> list[dict]:
@@ -103,10 +105,13 @@ def regenerate_drafter_data() -> None:
 
         Returns one ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run.
         """
-        from include.prompts.plan import plan_run
+        from include.prompts.plan import PERMANENT_ERRORS, plan_run
         from include.settings import RunSettings
+        from include.settings.errors import fail_without_retry
 
-        return plan_run(RunSettings.from_mapping(params), run_id or "manual", MAX_ACTIVE_SHARDS)
+        with fail_without_retry(*PERMANENT_ERRORS):
+            settings = RunSettings.from_mapping(params)
+            return plan_run(settings, run_id or "manual", MAX_ACTIVE_SHARDS)
 
     @setup
     def launch_servers(plan: list[dict], params: dict | None = None,

@@ -15,8 +15,15 @@ import logging
 import re
 from typing import Any
 
-from include.prompts.prepare import MANIFEST_KEY, PrepareError, prepare_prompts, shard_id
-from include.settings import PREPARATION_SETTINGS, RunSettings
+from include.prompts.prepare import (
+    MANIFEST_KEY,
+    PrepareError,
+    prepare_prompts,
+    shard_id,
+    shard_index,
+)
+from include.prompts.schemas import UnknownLayoutError
+from include.settings import PREPARATION_SETTINGS, RunSettings, SettingsError
 from include.storage import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -95,6 +102,34 @@ def select_shards(
     return {"shards": todo, "complete": complete, "total_shards": total}
 
 
+def max_map_length() -> int:
+    """Return how many items Airflow maps one task over here (``core.max_map_length``)."""
+    from airflow.sdk.configuration import conf
+
+    return conf.getint("core", "max_map_length", fallback=1024)
+
+
+def check_map_length(settings: RunSettings, todo: list[str], total: int,
+                     limit: int | None = None) -> None:
+    """Refuse, before any server starts, a run mapping more shards than Airflow allows.
+
+    The message says exactly what to do: run the shards in parts with ``shard_range`` (the
+    prompt shards are prepared once and reused), or raise the deployment's limit.
+    """
+    limit = max_map_length() if limit is None else limit
+    if len(todo) <= limit:
+        return
+    first, last = shard_index(todo[0]), shard_index(todo[-1])
+    parts = [f"'{lo}-{min(lo + limit, last + 1) - 1}'" for lo in range(first, last + 1, limit)]
+    raise SettingsError(
+        f"setting `shard_range` ({settings.shard_range or 'all'}): this run would generate "
+        f"{len(todo)} of the {total} shards, more than Airflow maps one task over here "
+        f"(core.max_map_length = {limit}). The prompts are prepared and kept; run the shards "
+        f"in parts with shard_range {', then '.join(parts[:3])}{' ...' if len(parts) > 3 else ''}"
+        f" (same run_name), or ask whoever deploys to set AIRFLOW__CORE__MAX_MAP_LENGTH to at "
+        f"least {len(todo)} on the scheduler and workers")
+
+
 def stagger(shard_ids: list[str], shards_in_flight: int) -> list[dict[str, Any] | None]:
     """Return, per shard, the progress of the first shard it waits for before starting.
 
@@ -113,6 +148,10 @@ def stagger(shard_ids: list[str], shards_in_flight: int) -> list[dict[str, Any] 
     ]
 
 
+#: Errors of a run's settings or data: the same inputs give the same error (no retry helps).
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (PrepareError, UnknownLayoutError)
+
+
 def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1) -> list[dict[str, Any]]:
     """Prepare or reuse the prompt shards; return what the per-shard task group maps over.
 
@@ -122,6 +161,7 @@ def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1) -> l
     manifest = prepare_or_reuse(settings)
     outputs = outputs_uri(settings, run_id)
     plan = select_shards(settings, manifest, open_run_store(settings, outputs))
+    check_map_length(settings, plan["shards"], plan["total_shards"])
     log.info("outputs of this run go to %s", outputs)
     waits = stagger(plan["shards"], shards_in_flight)
     return [

@@ -35,7 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from include.prompts.readers import MALFORMED_KEY, RowBatch, iter_batches, resolve_files
+from include.prompts.readers import (
+    MALFORMED_KEY,
+    RowBatch,
+    iter_batches,
+    peek,
+    resolve_files,
+)
 from include.prompts.schemas import (
     KINDS,
     ROLE_NAMES,
@@ -56,7 +62,6 @@ from include.prompts.turns import (
 )
 from include.prompts.workers import map_in_order, usable_cpus
 from include.settings import (
-    AIRFLOW_MAX_MAP_LENGTH,
     PREPARATION_SETTINGS,
     RunSettings,
     SettingsError,
@@ -283,6 +288,14 @@ def _resolve_kind(source: SourceSettings, batch_columns: list[str], first: dict 
     kind = KINDS[source.kind]
     check_kind(source.name, kind, batch_columns)
     return kind
+
+
+def check_layout(source: SourceSettings) -> None:
+    """Raise if a local source's layout does not fit its kind and filters (first row only)."""
+    columns, first = peek(source)
+    if first is None:
+        return  # no rows: nothing to check, and the funnel will say the source was empty
+    _check_filters(source, _resolve_kind(source, columns, first))
 
 
 def _check_filters(source: SourceSettings, kind: Kind) -> None:
@@ -823,16 +836,12 @@ def _apply_quota(source: SourceSettings, funnel: SourceFunnel, n_kept: int, seed
 
 
 def plan_shards(total: int, shard_size: int) -> int:
-    """Return the shard count for ``total`` prompts; raise SettingsError past Airflow's limit."""
-    count = math.ceil(total / shard_size) if total else 0
-    if count > AIRFLOW_MAX_MAP_LENGTH:
-        need = math.ceil(total / AIRFLOW_MAX_MAP_LENGTH)
-        raise SettingsError(
-            f"setting `shard_size`: {shard_size} cuts {total} prompts into {count} shards, "
-            f"more than Airflow maps in one task ({AIRFLOW_MAX_MAP_LENGTH}, "
-            f"core.max_map_length); use shard_size >= {need}"
-        )
-    return count
+    """Return the shard count for ``total`` prompts.
+
+    Any count is prepared: how many shards one run maps is the plan's to check
+    (``include/prompts/plan.py``), against the deployment's ``core.max_map_length``.
+    """
+    return math.ceil(total / shard_size) if total else 0
 
 
 def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[str, Any]:

@@ -201,6 +201,46 @@ def _parquet_error(source: SourceSettings, files: list[str], exc: Exception) -> 
     )
 
 
+#: How much of a JSON file ``peek`` reads to find its first row.
+_PEEK_BYTES = 4 << 20
+
+
+def peek(source: SourceSettings) -> tuple[list[str], dict[str, Any] | None]:
+    """Return a local source's columns and first row, reading only the start of one file.
+
+    For ``check_settings``: the layout of a source is known in seconds, not after the whole
+    prepare stage read it. Raise SourceReadError naming the file when its start is unreadable.
+    """
+    files = resolve_files(source)
+    if _BUILDERS[Path(files[0]).suffix] == "parquet":
+        try:
+            return _probe_parquet(files)
+        except Exception as exc:  # noqa: BLE001 - same message as a failed load
+            raise _parquet_error(source, files, exc) from exc
+    decoder = json.JSONDecoder()
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(_PEEK_BYTES)
+        start = len(text) - len(text.lstrip())
+        if start == len(text):
+            continue  # an empty file: look at the next one
+        if text[start] == "[":  # a JSON array: its first element
+            start = len(text) - len(text[start + 1:].lstrip())
+            if text[start:start + 1] == "]":
+                continue
+        try:
+            row, _ = decoder.raw_decode(text, start)
+        except ValueError as exc:
+            raise SourceReadError(
+                f"source {source.name!r}: {path} does not start with a JSON object ({exc}); "
+                "expected JSON Lines or a JSON array of objects") from None
+        if not isinstance(row, dict):
+            raise SourceReadError(f"source {source.name!r}: the first row of {path} is not a "
+                                  "JSON object")
+        return list(row), row
+    return [], None
+
+
 def _probe_parquet(files: list[str]) -> tuple[list[str], dict[str, Any] | None]:
     """Return the columns and the first row of parquet files, as ``datasets`` would load them.
 

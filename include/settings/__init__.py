@@ -8,7 +8,6 @@ binds the run to the ``DeploymentSettings`` read from the environment when the t
 from include.settings.deployment import DeploymentSettings, GpuHost, env_name
 from include.settings.errors import SettingsError
 from include.settings.run import (
-    AIRFLOW_MAX_MAP_LENGTH,
     PREPARATION_SETTINGS,
     REPO_ROOT,
     SAMPLE_DATA_DIR,
@@ -17,7 +16,6 @@ from include.settings.run import (
 )
 
 __all__ = [
-    "AIRFLOW_MAX_MAP_LENGTH",
     "PREPARATION_SETTINGS",
     "REPO_ROOT",
     "SAMPLE_DATA_DIR",

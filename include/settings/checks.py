@@ -67,6 +67,12 @@ def _check_source(index: int, run: RunSettings) -> None:
         except OSError as exc:
             raise SettingsError(f"{where}: cannot read {f!r} ({exc.strerror}); make it "
                                 "readable by the Airflow workers") from None
+    from include.prompts.prepare import check_layout
+
+    try:
+        check_layout(source)  # the first row: its columns fit the kind and the filters
+    except Exception as exc:  # noqa: BLE001 - the reader's message names source and columns
+        raise SettingsError(f"{where}: {exc}") from None
 
 
 def _check_dedupe(index: int, run: RunSettings) -> None:

@@ -18,9 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_DATA_DIR = REPO_ROOT / "include" / "sample_data"
 
-#: Airflow refuses to expand a mapped task over more than this many items (core.max_map_length).
-AIRFLOW_MAX_MAP_LENGTH = 1024
-
 SourceKind = Literal[
     "auto", "infinity_instruct", "webinstructsub", "codefeedback", "metamathqa",
     "hermes_function_calling", "agentinstruct", "orca_agentinstruct", "agent_flan",

@@ -26,7 +26,8 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def dags_test(env: dict[str, str], conf: dict, *, raw: bool = False,
-              deployment: dict | None = None) -> subprocess.CompletedProcess:
+              deployment: dict | None = None,
+              extra_args: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run the DAG once under ``airflow dags test``; return the finished process.
 
     ``conf`` is a flat mapping as a test writes it: its deployment settings become the
@@ -40,7 +41,7 @@ def dags_test(env: dict[str, str], conf: dict, *, raw: bool = False,
     env = {k: v for k, v in env.items() if not k.startswith("REGEN_")}
     env.update(deployment_env(dep))
     return subprocess.run(
-        [env["AIRFLOW_BIN"], "dags", "test", DAG_ID, "-c", json.dumps(run)],
+        [env["AIRFLOW_BIN"], "dags", "test", DAG_ID, "-c", json.dumps(run), *(extra_args or [])],
         env=env, capture_output=True, text=True, timeout=900,
     )
 

@@ -81,3 +81,44 @@ def test_values_the_form_can_check_are_refused_when_triggering(airflow_env, tmp_
     assert "Invalid input for param" in out and proc.returncode != 0
     assert _started_tasks(out) == set()
     assert list(tmp_path.iterdir()) == []
+
+
+def _many_prompts(path: Path, n: int) -> None:
+    rows = [{"query": f"Write function number {i} that returns {i}.", "answer": "ok",
+             "resource": "synthetic"}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_run_maps_more_than_1024_shards_where_the_deployment_allows_it(
+    airflow_env, tmp_path
+) -> None:
+    import sqlite3
+
+    _many_prompts(tmp_path / "many.jsonl", 1100)
+    conf = {"run_name": "wide", "shard_size": 1,
+            "sources": [{"name": "many", "kind": "codefeedback",
+                         "path": str(tmp_path / "many.jsonl")}]}
+    deployment = {"output_root": str(tmp_path / "out"), "data_roots": [str(tmp_path)]}
+    # Airflow's default (1,024): refused after preparing, before any server, saying what to do.
+    proc = dags_test(airflow_env, conf, raw=True, deployment=deployment)
+    out = proc.stdout + proc.stderr
+    assert "1100 of the 1100 shards" in out and "core.max_map_length = 1024" in out
+    assert "shard_range '0-1023', then '1024-1099'" in out
+    assert "AIRFLOW__CORE__MAX_MAP_LENGTH to at least 1100" in out
+    assert "[DAG TEST] starting task_id=launch_servers" not in out
+    # The deployment raises the limit: the same prepared shards are reused and 1,100 shard
+    # task groups are mapped (their tasks marked successful rather than run: no GPU here).
+    env = {**airflow_env, "AIRFLOW__CORE__MAX_MAP_LENGTH": "2048"}
+    proc = dags_test(env, conf, raw=True, deployment=deployment, extra_args=[
+        "--mark-success-pattern",
+        r"^(launch_servers|health_targets|wait_for_server|preflight|shard\..*|report|"
+        r"stop_servers)$"])
+    out = proc.stdout + proc.stderr
+    assert "reusing 1100 shards" in out, out[-3000:]
+    db = sqlite3.connect(Path(airflow_env["AIRFLOW_HOME"]) / "airflow.db")
+    (mapped,) = db.execute(
+        "SELECT count(*) FROM task_instance WHERE task_id = 'shard.generate' AND run_id IN "
+        "(SELECT run_id FROM dag_run WHERE conf LIKE '%wide%' ORDER BY id DESC LIMIT 1)"
+    ).fetchone()
+    assert mapped == 1100

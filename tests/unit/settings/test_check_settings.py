@@ -16,7 +16,8 @@ from tests.fixtures.settings import deployment_settings
 def data(tmp_path) -> Path:
     d = tmp_path / "data"
     d.mkdir()
-    (d / "prompts.jsonl").write_text(json.dumps({"instruction": "hi", "output": "x"}) + "\n")
+    (d / "prompts.jsonl").write_text(
+        json.dumps({"query": "hi", "answer": "x", "resource": "r"}) + "\n")
     return d
 
 
@@ -115,3 +116,34 @@ def test_shard_range_and_preparation_settings_are_checked_against_earlier_shards
     with pytest.raises(SettingsError, match=r"other preparation settings \(different: "
                                             r"\['shard_size'\]\)"):
         check_settings({**conf, "shard_size": 7}, dep)
+
+
+@pytest.mark.parametrize(
+    ("rows", "kind", "fragments"),
+    [
+        ([{"query": "q", "answer": "a"}], "codefeedback", ["needs columns", "'resource'"]),
+        ([{"colour": "red"}], "auto", ["cannot recognise its layout", "'colour'"]),
+    ],
+)
+def test_a_source_whose_layout_does_not_fit_is_refused_from_its_first_row(
+    tmp_path, data, rows, kind, fragments
+) -> None:
+    for name, text in {
+        "rows.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+        "rows.json": "  [\n " + ", ".join(json.dumps(r) for r in rows) + "]",
+    }.items():
+        (data / name).write_text(text)
+        with pytest.raises(SettingsError) as err:
+            check_settings({"sources": [{"name": "s", "kind": kind, "path": str(data / name)}]},
+                           _deployment(tmp_path, data))
+        for fragment in ["`sources[0]` (s)", *fragments]:
+            assert fragment in str(err.value)
+
+
+def test_filters_a_source_kind_cannot_apply_are_refused(tmp_path, data) -> None:
+    conf = {"sources": [{"name": "s", "kind": "codefeedback", "languages": ["en"],
+                         "path": str(data / "rows.jsonl")}]}
+    (data / "rows.jsonl").write_text(json.dumps({"query": "q", "answer": "a",
+                                                 "resource": "r"}) + "\n")
+    with pytest.raises(SettingsError, match="`languages` given but kind 'codefeedback'"):
+        check_settings(conf, _deployment(tmp_path, data))
