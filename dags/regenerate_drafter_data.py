@@ -166,14 +166,14 @@ def regenerate_drafter_data() -> None:
                                   open_run_store(settings, outputs_uri), open_run_store(settings),
                                   wait_for)
 
-        @task(map_index_template="{{ task.op_kwargs['generated']['shard_id'] }}")
-        def upload(generated: dict, outputs_uri: str, params: dict | None = None) -> str:
+        @task(map_index_template=SHARD_NAME)
+        def upload(shard_id: str, generated: dict, outputs_uri: str,
+                   params: dict | None = None) -> str:
             """Publish the shard's completions create-only, with checksums."""
             from include.generation.shard import publish_shard
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
 
-            shard_id = generated["shard_id"]
             settings = RunSettings.from_mapping(params)
             publish_shard(shard_id, open_run_store(settings, outputs_uri),
                           open_run_store(settings), generated)
@@ -191,7 +191,7 @@ def regenerate_drafter_data() -> None:
             return shard_id
 
         generated = generate(shard_id, servers, outputs_uri, wait_for)
-        tokenize(upload(generated, outputs_uri), outputs_uri)
+        tokenize(upload(shard_id, generated, outputs_uri), outputs_uri)
 
     @task(outlets=[AssetAlias(DATASET_ALIAS)], retries=0)
     def report(plan: list[dict], launched: dict, params: dict | None = None,
@@ -216,7 +216,7 @@ def regenerate_drafter_data() -> None:
         emit_dataset_event(outlet_events, settings, summary)
         return summary
 
-    @teardown
+    @teardown(on_failure_fail_dagrun=True)
     def stop_servers(report: dict) -> None:
         """Stop exactly the servers this run started and confirm they are gone."""
         from include.servers.launcher import stop_servers

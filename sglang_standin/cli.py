@@ -2,16 +2,21 @@
 
 The stand-in accepts the same command line as `python -m sglang.launch_server`, so one
 launch-command builder serves both; SGLang flags it does not model are accepted, logged and
-ignored. Flags starting with `--standin-` exist only here.
+ignored. Flags starting with `--standin-` exist only here. `--config FILE.yaml` works as in
+SGLang (`ConfigArgumentMerger`): the file's keys are long option names (`api-key: KEY`), its
+values go before the command line's, so a flag given on the command line wins.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+import yaml
 
 from sglang_standin import perf
 
@@ -106,14 +111,19 @@ class ServerConfig:
                 return value
         return self.default_context_length
 
-    def sglang_args(self) -> dict[str, object]:
-        """Return the SGLang-named arguments as `/get_server_info` reports them (key masked)."""
+    def sglang_args(self, *, reveal_key: bool = False) -> dict[str, object]:
+        """Return the SGLang-named arguments as `/get_server_info` reports them.
+
+        The key is masked unless ``reveal_key``: the real server echoes it over HTTP, and a
+        test double has no reason to spread secrets there (its start-up log line, like
+        SGLang's, shows it).
+        """
         data = asdict(self)
         out = {k: data[k] for k in _SGLANG_FIELDS}
         out["served_model_name"] = self.effective_served_model_name
         out["tokenizer_path"] = self.effective_tokenizer_path
-        # The real server echoes the key; a test double has no reason to spread secrets.
-        out["api_key"] = None if self.api_key is None else "<redacted by stand-in>"
+        if not reveal_key and self.api_key is not None:
+            out["api_key"] = "<redacted by stand-in>"
         return out
 
     def standin_args(self) -> dict[str, object]:
@@ -281,9 +291,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def merge_config_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """Return `argv` with `--config FILE` replaced by the file's options, placed first.
+
+    As SGLang's `ConfigArgumentMerger`: one `--config` at most; the file must end in `.yaml`
+    or `.yml` and hold a mapping of long option names; `true` adds a switch (`false` omits
+    it), a list becomes one flag followed by its items, anything else `--key str(value)`.
+    Options from the file come before the command line's, so argparse lets the command line
+    win. A wrong file ends the program with a message naming it (exit status 2).
+    """
+    where = [i for i, arg in enumerate(argv) if arg == "--config"]
+    if not where:
+        return argv
+    if len(where) > 1:
+        parser.error("Multiple config files specified! Only one allowed.")
+    i = where[0]
+    if i == len(argv) - 1:
+        parser.error("No config file specified after --config flag!")
+    path = Path(argv[i + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        parser.error(f"Config file must be YAML format, got: {path.suffix}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        parser.error(f"cannot read config file {path}: {exc}")
+    if not isinstance(data, dict):
+        parser.error("Config file must contain a dictionary at root level")
+    switches = {
+        s for a in parser._actions if isinstance(a, argparse._StoreTrueAction)
+        for s in a.option_strings
+    }  # fmt: skip
+    return _config_args(data, switches) + argv[:i] + argv[i + 2 :]
+
+
+def _config_args(data: dict[str, Any], switches: set[str]) -> list[str]:
+    out: list[str] = []
+    for key, value in data.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            if flag not in switches:
+                out += [flag, str(value).lower()]
+            elif value:
+                out.append(flag)
+        elif isinstance(value, list):
+            if value:
+                out += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    """Parse `argv` into a ServerConfig; unknown flags land in `ignored_args`."""
-    ns, unknown = build_parser().parse_known_args(argv)
+    """Parse `argv` (merged with its `--config` file) into a ServerConfig.
+
+    Unknown flags land in `ignored_args`.
+    """
+    parser = build_parser()
+    args = merge_config_file(parser, list(sys.argv[1:] if argv is None else argv))
+    ns, unknown = parser.parse_known_args(args)
     values = vars(ns)
     kwargs: dict[str, object] = {}
     for key, value in values.items():

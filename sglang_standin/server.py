@@ -745,6 +745,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m sglang_standin`."""
     config = parse_args(argv)
     configure_logging(config.log_level)
+    # SGLang logs its whole ServerArgs, API key included, at start; so does the stand-in, so
+    # tests see what a real server log holds (and that log tails are redacted before use).
+    logger.info("server_args=ServerArgs(%s)",
+                ", ".join(f"{k}={v!r}" for k, v in config.sglang_args(reveal_key=True).items()))
     if not os.path.isdir(config.effective_tokenizer_path):
         # Fail before the slow transformers import; SGLang would fail to load it as well.
         logger.error(

@@ -1,7 +1,7 @@
-"""Decide whether a running server serves what a run needs, from its ``/v1/models`` answer.
+"""Decide whether a running server serves what a run needs, and whether a run may launch.
 
 Pure functions over JSON and a few numbers, shared by the launcher (reuse or replace?), the
-health trigger (gate) and preflight. ``/v1/models`` is the only place SGLang shows its
+health trigger (gate) and ``check_settings``. ``/v1/models`` is the only place SGLang shows its
 effective context length (``max_model_len``), so that is what is compared.
 """
 
@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
-
-#: Prompt length assumed when warning that max_tokens leaves little room for prompts.
-TYPICAL_PROMPT_TOKENS = 1024
 
 
 class Expectation(Protocol):
@@ -92,52 +89,54 @@ def served_model_differences(models_json: Any, expected: Expectation) -> list[st
     return []
 
 
-def token_budget_problems(expected: Expectation) -> list[str]:
-    """Return why the run's token budget cannot work at this context length; [] if it can.
+def budget_line(expected: Expectation) -> str:
+    """Return the one line saying how long completions may be in a run (for its log).
 
-    ``max_tokens`` >= ``context_length`` is the failure that started this project: SGLang
-    rejects every request with prompt + max_tokens >= context length (HTTP 400).
+    Each request asks for ``min(max_tokens, C - P - margin)`` tokens, so any ``max_tokens``,
+    even one at or above the context length, is safe; a prompt that leaves fewer than
+    ``min_completion_tokens`` is skipped, never sent (the rule of ``token_budget``).
     """
-    c, m = expected.context_length, expected.max_tokens
-    margin, min_completion = expected.context_margin, expected.min_completion_tokens
+    c, m, margin = expected.context_length, expected.max_tokens, expected.context_margin
+    least = expected.min_completion_tokens
+    return (
+        f"completions are bounded by min(max_tokens={m}, {c} - P - {margin}) tokens per prompt "
+        f"of P tokens; prompts leaving fewer than min_completion_tokens={least} are skipped "
+        f"(P > {c - margin - least})"
+    )
+
+
+def key_problems(deployment: Any, api_key: str | None) -> list[str]:
+    """Return why the servers cannot be launched with this API key; [] if they can.
+
+    A server on a non-loopback host listens on the network, so it must have a key. The key
+    must also reach SGLang intact: its ``--config`` file turns it into ``--api-key KEY``, which
+    argparse reads as a flag when it starts with ``-``, and clients send it in an HTTP header,
+    which cannot hold whitespace or control characters. ``deployment`` is the
+    ``DeploymentSettings`` (``gpu_hosts``, ``sglang_conn_id``).
+    """
+    from include.settings.deployment import env_name
+
+    conn = deployment.sglang_conn_id
+    where = f"the password of Airflow connection {conn!r} ({env_name('sglang_conn_id')})"
+    remote = [h.host for h in deployment.gpu_hosts if not h.is_loopback]
     problems: list[str] = []
-    room = c - margin - min_completion
-    if room <= 0:
+    if remote and not api_key:
         problems.append(
-            f"setting `context_length` ({c}) leaves no room for a prompt after `context_margin` "
-            f"({margin}) and `min_completion_tokens` ({min_completion}); raise context_length "
-            "or lower those"
+            f"deployment setting `gpu_hosts` ({env_name('gpu_hosts')}): servers on "
+            f"{', '.join(remote)} listen on the network but there is no API key: {where} is "
+            "missing or empty; create that connection with the key as its password (e.g. "
+            f"AIRFLOW_CONN_{conn.upper()}='{{\"conn_type\": \"generic\", \"password\": "
+            f"\"...\"}}'), point {env_name('sglang_conn_id')} at one that has it, or list only "
+            "loopback hosts"
         )
-    if m >= c:
-        fit = max(1, c - margin - TYPICAL_PROMPT_TOKENS)
+    if api_key and api_key.startswith("-"):
         problems.append(
-            f"setting `max_tokens` ({m}) is not below `context_length` ({c}): SGLang rejects a "
-            f"request whose prompt + max_tokens reaches {c} tokens; lower max_tokens below "
-            f"{c - margin} (e.g. {fit}, leaving {TYPICAL_PROMPT_TOKENS} tokens for a typical "
-            f"prompt) or raise context_length to at least {m + margin + TYPICAL_PROMPT_TOKENS}"
+            f"the servers' API key ({where}) starts with '-': SGLang would read it as a "
+            "flag; use a key that starts with a letter or digit"
+        )
+    if api_key and any(ch.isspace() or not ch.isprintable() for ch in api_key):
+        problems.append(
+            f"the servers' API key ({where}) contains whitespace or control characters, "
+            "which an HTTP Authorization header cannot carry; use printable characters only"
         )
     return problems
-
-
-def token_budget_warnings(
-    expected: Expectation, typical_prompt_tokens: int = TYPICAL_PROMPT_TOKENS
-) -> list[str]:
-    """Return warnings for a budget that works but cuts completions of typical prompts."""
-    c, m, margin = expected.context_length, expected.max_tokens, expected.context_margin
-    if m >= c or m + typical_prompt_tokens + margin <= c:
-        return []
-    return [
-        f"max_tokens ({m}) + a typical prompt ({typical_prompt_tokens} tokens) + context_margin "
-        f"({margin}) exceed context_length ({c}): prompts longer than {c - margin - m} tokens "
-        "get fewer than max_tokens completion tokens; lower `max_tokens` or raise "
-        "`context_length` if long completions matter"
-    ]
-
-
-def check_served_model(models_json: Any, settings: Expectation) -> list[str]:
-    """Return every problem with a server's ``/v1/models`` answer for this run; [] means fine.
-
-    Checks the served name, ``max_model_len`` == ``context_length`` and that the token budget
-    (``max_tokens``, ``context_margin``, ``min_completion_tokens``) fits the context length.
-    """
-    return served_model_differences(models_json, settings) + token_budget_problems(settings)

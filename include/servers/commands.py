@@ -1,16 +1,16 @@
-"""Build the shell commands that start, inspect and stop SGLang servers on a GPU host.
+"""Describe a run's servers and build the commands that run them on a GPU host.
 
 Every function here is pure: typed inputs in, one POSIX ``sh`` command string out. The same
 string runs over SSH (``SSHHook.exec_command``) or locally (``sh -c``), so what the tests execute
 is what a GPU host executes. Every value that comes from settings is ``shlex.quote``d; the
 launch command and a container ``command_prefix`` are split into words with ``shlex.split`` and
 each word is quoted again, so a setting can add arguments but never shell syntax (``;``, ``$(...)``,
-redirections).
+redirections). The commands that start, lease and stop a server process are in
+``include.servers.lifecycle``.
 
-Each server owns three files under ``server_log_dir`` on its host, named by port
-(``server-<port>.pid|.log|.owner``, see ``ServerPaths``): the pid is the server's own pid and
-the leader of its process group, so stopping it stops its children (SGLang's scheduler and
-detokenizer processes) too.
+Each server owns a few files under ``server_log_dir`` on its host, named by port
+(``server-<port>.*``, see ``ServerPaths``). The API key is never in a command line: it is in
+the server's ``--config`` YAML file (``server_config_yaml``, mode 0600).
 """
 
 from __future__ import annotations
@@ -19,16 +19,19 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 if TYPE_CHECKING:
     from include.settings import RunSettings
-
-#: Host names that mean "this machine" besides 127.0.0.0/8.
-_LOOPBACK_NAMES = ("localhost", "::1")
 
 
 @dataclass(frozen=True)
 class ServerPaths:
-    """Name the files one server uses on its host: pid, log and owner files, keyed by port."""
+    """Name the files one server uses on its host, keyed by port.
+
+    The pid file names the server's own pid, also the leader of its process group, so
+    stopping the group stops SGLang's scheduler and detokenizer processes too.
+    """
 
     log_dir: str
     port: int
@@ -57,6 +60,24 @@ class ServerPaths:
     def owner_file(self) -> str:
         """Return the file naming who launched the server (e.g. the DAG run)."""
         return self.stem + ".owner"
+
+    @property
+    def config_file(self) -> str:
+        """Return the server's ``--config`` YAML file (holds the API key; mode 0600).
+
+        SGLang accepts only a ``.yaml``/``.yml`` name.
+        """
+        return self.stem + ".config.yaml"
+
+    @property
+    def lease_dir(self) -> str:
+        """Return the directory holding one lease file per run that uses the server."""
+        return self.stem + ".leases"
+
+    @property
+    def lock_dir(self) -> str:
+        """Return the directory whose creation locks the server's leases and process."""
+        return self.stem + ".lock"
 
 
 @dataclass(frozen=True)
@@ -164,9 +185,9 @@ def default_bind_host(host: str) -> str:
     A server reached from another machine must listen beyond loopback; one reached at a
     loopback address should not be exposed to the network.
     """
-    if host.startswith("127.") or host in _LOOPBACK_NAMES:
-        return host
-    return "0.0.0.0"
+    from include.settings.deployment import GpuHost
+
+    return host if GpuHost(host=host).is_loopback else "0.0.0.0"
 
 
 def _words(command: str) -> str:
@@ -179,13 +200,15 @@ def build_launch_command(
     settings: RunSettings,
     *,
     bind_host: str | None = None,
-    redact_secrets: bool = False,
+    config_file: str | None = None,
 ) -> str:
     """Return the foreground command that runs one server (env, launch command, flags).
 
     ``server_launch_command`` may hold several words (``python3 -m sglang.launch_server``,
     ``env PYTHONPATH=/x python -m sglang_standin``); ``extra_server_args`` are appended as
-    separate arguments. With ``redact_secrets`` the API key is replaced by ``***`` (for logs).
+    separate arguments. Nothing secret is in it: the API key is in ``config_file``
+    (``--config``, see ``server_config_yaml``), so the command can be logged and shows in
+    ``ps`` harmlessly.
     """
     args: list[str] = [
         "--model-path", settings.model_path,
@@ -200,124 +223,26 @@ def build_launch_command(
         args += ["--tokenizer-path", settings.tokenizer_path]
     if settings.reasoning_parser:
         args += ["--reasoning-parser", settings.reasoning_parser]
-    if settings.api_key:
-        args += ["--api-key", "***" if redact_secrets else settings.api_key]
+    if config_file:
+        args += ["--config", config_file]
     args += list(settings.deployment.extra_server_args)
     devices = ",".join(str(g) for g in spec.cuda_devices)
+    program = _words(settings.deployment.server_launch_command)
     return (
-        f"env CUDA_VISIBLE_DEVICES={shlex.quote(devices)} "
-        f"{_words(settings.deployment.server_launch_command)} " + " ".join(shlex.quote(a) for a in args)
+        f"env CUDA_VISIBLE_DEVICES={shlex.quote(devices)} {program} "
+        + " ".join(shlex.quote(a) for a in args)
     )
 
 
-def build_detached_command(
-    launch_command: str,
-    paths: ServerPaths,
-    *,
-    owner: str | None = None,
-    pid_wait_s: float = 5.0,
-) -> str:
-    """Return a command that starts ``launch_command`` detached and prints ``pid=<N>``.
+def server_config_yaml(api_key: str) -> str:
+    """Return the ``--config`` file content that gives a server ``api_key``.
 
-    The server runs in its own session (``setsid``; ``nohup`` where setsid is missing) with
-    stdin from /dev/null and output appended to the log file, so it outlives the SSH session.
-    The pid is written by the detached shell itself (``$$`` right before ``exec``), which is
-    the server's pid and process-group id whether or not setsid forked. The previous log is
-    kept as ``.log.prev``. Prints ``pid=`` (empty) when no pid file appeared in time.
+    SGLang turns each key of the file into a long option placed before the command line's
+    (``api-key: K`` becomes ``--api-key K``), so the command line still wins for any other
+    flag. The value is always a double-quoted YAML string, so a key such as ``yes`` or ``0x10``
+    stays text instead of becoming a boolean or a number.
     """
-    q = shlex.quote
-    inner = f"echo $$ > {q(paths.pid_file)}; exec {launch_command}"
-    tries = max(1, int(pid_wait_s / 0.1))
-    lines = [
-        f"mkdir -p {q(paths.log_dir)}",
-        f"rm -f {q(paths.pid_file)}",
-        f"if [ -f {q(paths.log_file)} ]; then mv -f {q(paths.log_file)} "
-        f"{q(paths.previous_log_file)}; fi",
-        f"printf '%s\\n' {q(owner or '')} > {q(paths.owner_file)}",
-        f"echo \"[launcher] $(date '+%Y-%m-%d %H:%M:%S') starting on $(hostname)\" "
-        f"> {q(paths.log_file)}",
-        "if command -v setsid >/dev/null 2>&1; then run=setsid; else run=nohup; fi",
-        f"$run sh -c {q(inner)} </dev/null >>{q(paths.log_file)} 2>&1 &",
-        f"i=0; while [ ! -s {q(paths.pid_file)} ] && [ $i -lt {tries} ]; do "
-        "sleep 0.1; i=$((i+1)); done",
-        f'echo "pid=$(cat {q(paths.pid_file)} 2>/dev/null)"',
-    ]
-    return "\n".join(lines)
-
-
-# Shell helpers shared by the status and stop commands. A pid counts as this server only if
-# it is alive, not a zombie and its command line holds "--port <port>": a pid file outliving a
-# reboot may name an unrelated process that must never be signalled.
-def _shell_helpers(port: int) -> str:
-    return "\n".join(
-        [
-            "is_server() {",
-            '  kill -0 "$1" 2>/dev/null || return 1',
-            '  st=$(sed "s/.*) //" /proc/"$1"/stat 2>/dev/null | cut -d" " -f1)',
-            '  [ "$st" = Z ] && return 1',
-            '  [ -r /proc/"$1"/cmdline ] || return 0',
-            f'  tr "\\000" " " < /proc/"$1"/cmdline | grep -q -- "--port {int(port)} "',
-            "}",
-        ]
-    )
-
-
-def _read_pid(pid_file: str) -> str:
-    q = shlex.quote
-    return "\n".join(
-        [
-            f"pid=$(head -c 32 {q(pid_file)} 2>/dev/null | tr -cd 0-9)",
-            # A pid of 0 or 1 would turn `kill -- -$pid` into a broadcast; never allow it.
-            'if [ -n "$pid" ] && [ "$pid" -le 1 ]; then pid=; fi',
-        ]
-    )
-
-
-def build_status_command(paths: ServerPaths) -> str:
-    """Return a command printing ``pid=<N|> alive=<0|1> owner=<text>`` for one server.
-
-    ``alive=1`` only when the pid file names a live, non-zombie process serving this port.
-    The command always exits 0; a non-zero exit means the host or prefix itself failed.
-    """
-    q = shlex.quote
-    return "\n".join(
-        [
-            _shell_helpers(paths.port),
-            _read_pid(paths.pid_file),
-            'alive=0; if [ -n "$pid" ] && is_server "$pid"; then alive=1; fi',
-            f"owner=$(head -n 1 {q(paths.owner_file)} 2>/dev/null)",
-            'echo "pid=$pid alive=$alive owner=$owner"',
-        ]
-    )
-
-
-def build_stop_command(paths: ServerPaths, *, grace_s: float = 20.0) -> str:
-    """Return a command that stops one server by its pid file and prints the outcome.
-
-    SIGTERM goes to the whole process group, then the command waits up to ``grace_s``, then
-    SIGKILLs the group and waits 5 s more. Output is one line: ``stopped pid=N``,
-    ``not-running pid=N`` (stale or missing pid file) or ``still-alive pid=N``; the pid file is
-    removed unless the process survived.
-    """
-    q = shlex.quote
-    tries = max(1, int(grace_s / 0.2))
-    return "\n".join(
-        [
-            _shell_helpers(paths.port),
-            _read_pid(paths.pid_file),
-            'if [ -z "$pid" ] || ! is_server "$pid"; then',
-            f'  rm -f {q(paths.pid_file)}; echo "not-running pid=$pid"; exit 0',
-            "fi",
-            'kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null',
-            f'i=0; while is_server "$pid" && [ $i -lt {tries} ]; do sleep 0.2; i=$((i+1)); done',
-            'if is_server "$pid"; then',
-            '  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null',
-            '  i=0; while is_server "$pid" && [ $i -lt 25 ]; do sleep 0.2; i=$((i+1)); done',
-            "fi",
-            'if is_server "$pid"; then echo "still-alive pid=$pid"; exit 0; fi',
-            f'rm -f {q(paths.pid_file)}; echo "stopped pid=$pid"',
-        ]
-    )
+    return yaml.safe_dump({"api-key": api_key}, default_style='"', allow_unicode=True)
 
 
 def build_log_tail_command(log_file: str, lines: int = 60) -> str:
@@ -337,19 +262,27 @@ def apply_prefix(command: str, command_prefix: str | None) -> str:
     return f"{_words(command_prefix)} sh -c {shlex.quote(command)}"
 
 
-def parse_fields(output: str) -> dict[str, str]:
-    """Parse the last ``key=value ...`` line a status/launch/stop command printed.
+#: Fields whose value runs to the end of the line (they may hold spaces).
+_TAIL_FIELDS = ("owner", "holders")
 
-    The ``owner`` value runs to the end of the line (it may hold spaces).
+
+def parse_fields(output: str) -> dict[str, str]:
+    """Parse the last ``key=value ...`` line a status/launch/stop/release command printed.
+
+    An ``owner`` or ``holders`` value runs to the end of the line (it may hold spaces); a word
+    without ``=`` is the ``outcome`` (``stopped``, ``kept``...).
     """
     lines = [ln for ln in output.strip().splitlines() if "=" in ln]
     if not lines:
         return {}
-    line = lines[-1].strip()
+    head = lines[-1].strip()
     fields: dict[str, str] = {}
-    head, sep, owner = line.partition("owner=")
-    if sep:
-        fields["owner"] = owner.strip()
+    for name in _TAIL_FIELDS:
+        before, sep, rest = head.partition(f"{name}=")
+        if sep and (not before or before.endswith(" ")):
+            fields[name] = rest.strip()
+            head = before
+            break
     for word in head.split():
         key, _, value = word.partition("=")
         if _:
@@ -357,3 +290,12 @@ def parse_fields(output: str) -> dict[str, str]:
         else:
             fields["outcome"] = key
     return fields
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Return ``text`` with every occurrence of ``secret`` replaced by ``***``.
+
+    A server's log holds its API key (SGLang logs its arguments at start), so a log tail is
+    redacted before it goes into a message, an XCom or a trigger event.
+    """
+    return text.replace(secret, "***") if secret else text

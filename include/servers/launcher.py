@@ -1,251 +1,77 @@
 """Start, reuse, replace and stop the SGLang servers of a run, over SSH or on this machine.
 
-``launch_servers(settings)`` is idempotent: a server already answering ``/v1/models`` with the
-run's model name and context length is reused; one answering with other settings is reported
-(and replaced only with ``replace_mismatched_servers``); a silent port gets a new server. The
-``LaunchReport`` it returns is JSON data for XCom and records which servers this run started,
-so ``stop_servers(report)`` stops exactly those and never a server someone else is using.
+``launch_servers(settings, owner=...)`` is idempotent: a server already answering
+``/v1/models`` with the run's model name and context length is reused; one answering with other
+settings is reported (and replaced only with ``replace_mismatched_servers``, and never while
+another run leases it); a silent port gets a new server. Every server the run uses gets the
+run's lease on its host. The ``LaunchReport`` it returns is JSON data for XCom;
+``stop_servers(report)`` releases the run's leases and stops a server only when no other run
+still leases it, so one run's teardown never stops servers another run generates on.
 
-Commands come from ``include.servers.commands`` and run through a ``HostRunner``: Airflow's
-``SSHHook`` for a host with ``ssh_conn_id``, ``sh -c`` locally otherwise (same strings).
+The servers' API key (``settings.api_key``, the password of the ``sglang_conn_id`` connection)
+reaches a server in its ``--config`` file, written from the SSH command's stdin; it is in no
+command line, no report and no log tail this module returns.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from include.servers.checks import (
-    ModelExpectation,
-    served_model_differences,
-    token_budget_problems,
-)
+from include.servers.checks import ModelExpectation, key_problems, served_model_differences
 from include.servers.commands import (
     ServerSpec,
-    apply_prefix,
-    build_detached_command,
     build_launch_command,
-    build_log_tail_command,
-    build_status_command,
-    build_stop_command,
     parse_fields,
+    server_config_yaml,
     server_specs,
 )
+from include.servers.hosts import HostError, Runners, fetch_log_tail, run_on_host
+from include.servers.lifecycle import (
+    LOCK_WAIT_S,
+    build_acquire_command,
+    build_detached_command,
+    build_release_command,
+    build_status_command,
+)
+from include.servers.report import Action, LaunchReport, ServerOutcome, StopError, StopReport
 
 if TYPE_CHECKING:
     from include.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
-Action = Literal["started", "replaced", "reused", "mismatched", "failed"]
-
-
-class HostError(RuntimeError):
-    """A host cannot be reached or a command on it failed; the message names host and fix."""
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """Hold what one shell command on a host returned."""
-
-    exit_status: int
-    stdout: str
-    stderr: str
-
-
-class HostRunner:
-    """Run shell commands on one host; subclasses decide how (SSH or local)."""
-
-    label: str = "this machine"
-
-    def run(self, command: str, timeout: float = 60.0) -> CommandResult:  # pragma: no cover
-        """Run ``command`` with ``sh`` on the host and return its status and output."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release the connection, if any."""
-
-
-class LocalRunner(HostRunner):
-    """Run commands on this machine with ``sh -c`` (a host whose ``ssh_conn_id`` is empty)."""
-
-    def run(self, command: str, timeout: float = 60.0) -> CommandResult:
-        """Run ``command`` locally; raise HostError when it outlives ``timeout``."""
-        try:
-            done = subprocess.run(
-                ["sh", "-c", command],
-                capture_output=True,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise HostError(f"{self.label}: command timed out after {timeout:.0f} s") from exc
-        return CommandResult(
-            done.returncode,
-            done.stdout.decode(errors="replace"),
-            done.stderr.decode(errors="replace"),
-        )
-
-
-class SSHRunner(HostRunner):
-    """Run commands on a remote host through Airflow's ``SSHHook``, one connection reused.
-
-    ``connect_attempts`` is passed to the hook (it waits 3-5 s between attempts); connection
-    failures become HostError naming the connection and what to check.
-    """
-
-    def __init__(
-        self, ssh_conn_id: str, host: str, *, connect_attempts: int = 3, conn_timeout: int = 15
-    ) -> None:
-        self.ssh_conn_id = ssh_conn_id
-        self.label = f"host {host} (SSH connection `{ssh_conn_id}`)"
-        self._connect_attempts = connect_attempts
-        self._conn_timeout = conn_timeout
-        self._hook: Any = None
-        self._client: Any = None
-
-    def _connect(self) -> Any:
-        if self._client is not None:
-            transport = self._client.get_transport()
-            if transport is not None and transport.is_active():
-                return self._client
-        from airflow.providers.ssh.hooks.ssh import SSHHook
-
-        try:
-            self._hook = SSHHook(
-                ssh_conn_id=self.ssh_conn_id,
-                conn_timeout=self._conn_timeout,
-                conn_retry_attempts=self._connect_attempts,
-            )
-            self._client = self._hook.get_conn()
-        except Exception as exc:
-            raise HostError(explain_ssh_error(exc, self.label)) from exc
-        return self._client
-
-    def run(self, command: str, timeout: float = 60.0) -> CommandResult:
-        """Run ``command`` over SSH; raise HostError on connection failure or timeout."""
-        client = self._connect()
-        try:
-            status, out, err = self._hook.exec_ssh_client_command(
-                client, command, get_pty=False, environment=None, timeout=timeout
-            )
-        except Exception as exc:
-            raise HostError(f"{self.label}: running a command failed: {exc}") from exc
-        return CommandResult(status, out.decode(errors="replace"), err.decode(errors="replace"))
-
-    def close(self) -> None:
-        """Close the SSH connection."""
-        if self._client is not None:
-            try:
-                self._client.close()
-            finally:
-                self._client = None
-
-
-def explain_ssh_error(exc: BaseException, label: str) -> str:
-    """Turn a paramiko/asyncssh connection error into a message saying what to fix."""
-    text = f"{type(exc).__name__}: {exc}"
-    name = type(exc).__name__
-    lowered = text.lower()
-    if name == "BadHostKeyException" or "host key mismatch" in lowered or "changed" in lowered:
-        return (
-            f"{label}: the host key does not match the connection's `host_key` extra ({text}); "
-            "if the host was reinstalled, update `host_key` with `ssh-keyscan -t ed25519 HOST`, "
-            "otherwise do not connect (possible man-in-the-middle)"
-        )
-    if "not found in known_hosts" in lowered or "host key is not trusted" in lowered:
-        return (
-            f"{label}: the host key is unknown ({text}); put the host's public key with its "
-            "type in the connection's `host_key` extra (e.g. 'ssh-ed25519 AAAA...', from "
-            "`ssh-keyscan -t ed25519 HOST`) or add it to ~/.ssh/known_hosts"
-        )
-    if name in ("AuthenticationException", "PermissionDenied") or "authentication" in lowered:
-        return (
-            f"{label}: authentication failed ({text}); check the connection's `login` and that "
-            "its `key_file`/`private_key` is authorised for that user on the host"
-        )
-    return f"{label}: cannot connect ({text}); check the connection's host and port"
-
-
-class Runners:
-    """Hand out one HostRunner per SSH connection (or the local one); close them all at exit."""
-
-    def __init__(self, *, connect_attempts: int = 3) -> None:
-        self._connect_attempts = connect_attempts
-        self._runners: dict[str | None, HostRunner] = {}
-
-    def for_spec(self, spec: ServerSpec) -> HostRunner:
-        """Return the runner for the spec's host, creating it on first use."""
-        key = spec.ssh_conn_id
-        if key not in self._runners:
-            self._runners[key] = (
-                LocalRunner()
-                if key is None
-                else SSHRunner(key, spec.host, connect_attempts=self._connect_attempts)
-            )
-        return self._runners[key]
-
-    def close(self) -> None:
-        """Close every connection."""
-        for runner in self._runners.values():
-            runner.close()
-        self._runners.clear()
-
-    def __enter__(self) -> Runners:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def run_on_host(
-    runners: Runners, spec: ServerSpec, command: str, *, timeout: float = 60.0
-) -> CommandResult:
-    """Run a command for one server (through its container prefix); raise HostError if it fails."""
-    runner = runners.for_spec(spec)
-    result = runner.run(apply_prefix(command, spec.command_prefix), timeout=timeout)
-    if result.exit_status != 0:
-        prefix = f" through command_prefix {spec.command_prefix!r}" if spec.command_prefix else ""
-        raise HostError(
-            f"server {spec.name} on {runner.label}: a command{prefix} exited with "
-            f"{result.exit_status}: {(result.stderr or result.stdout).strip()[-800:]}"
-        )
-    return result
-
-
-def fetch_log_tail(runners: Runners, spec: ServerSpec, lines: int = 60) -> str:
-    """Return the last lines of a server's log, or a note saying why it could not be read."""
-    try:
-        return run_on_host(
-            runners, spec, build_log_tail_command(spec.paths.log_file, lines), timeout=30
-        ).stdout
-    except HostError as exc:
-        return f"(could not read {spec.paths.log_file}: {exc})"
-
 
 @dataclass(frozen=True)
 class ServerStatus:
-    """Hold what the pid and owner files say about one server."""
+    """Hold what the pid, lease and owner files say about one server."""
 
     pid: int | None
     alive: bool
     owner: str
+    leases: int = 0
+
+
+def _status_from(output: str) -> ServerStatus:
+    fields = parse_fields(output)
+    pid = fields.get("pid") or ""
+    leases = fields.get("leases") or "0"
+    return ServerStatus(
+        int(pid) if pid.isdigit() else None,
+        fields.get("alive") == "1",
+        fields.get("owner", ""),
+        int(leases) if leases.isdigit() else 0,
+    )
 
 
 def server_status(runners: Runners, spec: ServerSpec) -> ServerStatus:
-    """Return whether the server's pid file names a live server process, and its owner."""
-    fields = parse_fields(run_on_host(runners, spec, build_status_command(spec.paths)).stdout)
-    pid = fields.get("pid") or ""
-    return ServerStatus(
-        int(pid) if pid.isdigit() else None, fields.get("alive") == "1", fields.get("owner", "")
-    )
+    """Return whether the server's pid file names a live server process, its owner and leases."""
+    return _status_from(run_on_host(runners, spec, build_status_command(spec.paths)).stdout)
 
 
 @dataclass(frozen=True)
@@ -277,132 +103,32 @@ def probe_models(url: str, api_key: str | None, timeout: float = 5.0) -> ModelsP
         return ModelsProbe(True, status, None, f"not JSON: {raw[:200]!r}")
 
 
-def probe_differences(probe: ModelsProbe, expected: ModelExpectation) -> list[str]:
+def probe_differences(
+    probe: ModelsProbe, expected: ModelExpectation, sglang_conn_id: str | None = None
+) -> list[str]:
     """Return how an answering server differs from the run ([] means reusable)."""
     if probe.status == 401:
-        return ["answers 401 Unauthorized: its --api-key differs from setting `api_key`"]
+        return [
+            "answers 401 Unauthorized: it was started with another API key than the password "
+            f"of Airflow connection {sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)"
+        ]
     if probe.status != 200:
         return [f"/v1/models answered {probe.status}: {probe.error}"]
     return served_model_differences(probe.body, expected)
 
 
-@dataclass
-class ServerOutcome:
-    """Record what ``launch_servers`` did with one server and why."""
+def launch_for_plan(settings: RunSettings, plan: list[dict[str, Any]], *,
+                    owner: str | None = None) -> LaunchReport:
+    """Launch the servers only when ``plan`` (from prepare_prompts) has a shard left to run.
 
-    server: ServerSpec
-    action: Action
-    started_by_this_run: bool
-    pid: int | None = None
-    detail: str = ""
-    differences: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return JSON-ready data; ``from_dict`` inverts it."""
-        return {
-            "server": self.server.to_dict(),
-            "action": self.action,
-            "started_by_this_run": self.started_by_this_run,
-            "pid": self.pid,
-            "detail": self.detail,
-            "differences": list(self.differences),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ServerOutcome:
-        """Build from ``to_dict`` output."""
-        return cls(
-            server=ServerSpec.from_dict(data["server"]),
-            action=data["action"],
-            started_by_this_run=bool(data["started_by_this_run"]),
-            pid=data.get("pid"),
-            detail=data.get("detail", ""),
-            differences=list(data.get("differences") or []),
-        )
-
-
-class LaunchError(RuntimeError):
-    """Some servers cannot serve this run; the message lists each with its reason and fix."""
-
-
-@dataclass
-class LaunchReport:
-    """Record the outcome of ``launch_servers`` for every server; JSON data via ``to_dict``.
-
-    ``started`` are the servers this run owns (``stop_servers`` stops only those);
-    ``problems`` are servers that will not serve this run (mismatched or failed to start).
+    A backfill whose selected shards are all complete needs no GPU: it gets an empty report,
+    so the health gate, preflight and shards are skipped and teardown has nothing to stop.
     """
-
-    servers: list[ServerOutcome]
-    expected: ModelExpectation
-    launch_timeout_s: float
-    owner: str | None = None
-
-    @property
-    def started(self) -> list[ServerOutcome]:
-        """Return the servers this run started (and therefore stops)."""
-        return [s for s in self.servers if s.started_by_this_run]
-
-    @property
-    def problems(self) -> list[ServerOutcome]:
-        """Return the servers that cannot serve this run."""
-        return [s for s in self.servers if s.action in ("mismatched", "failed")]
-
-    @property
-    def urls(self) -> list[str]:
-        """Return the URLs of servers that should serve this run (started, replaced, reused)."""
-        return [s.server.url for s in self.servers if s.action not in ("mismatched", "failed")]
-
-    def health_targets(self) -> list[dict[str, Any]]:
-        """Return one ``ServerHealthSensor`` kwargs dict per server (for ``expand_kwargs``)."""
-        return [
-            {
-                "server": s.server.to_dict(),
-                "expected": self.expected.to_dict(),
-                "timeout_s": self.launch_timeout_s,
-            }
-            for s in self.servers
-        ]
-
-    def summary(self) -> str:
-        """Return one line per server for the task log."""
-        lines = []
-        for s in self.servers:
-            pid = f" pid {s.pid}" if s.pid else ""
-            why = f": {'; '.join(s.differences) or s.detail}" if s.differences or s.detail else ""
-            lines.append(f"{s.server.name}: {s.action}{pid}{why}")
-        return "\n".join(lines)
-
-    def raise_for_problems(self) -> None:
-        """Raise LaunchError listing every mismatched or failed server, if any."""
-        if self.problems:
-            raise LaunchError(
-                "servers that cannot serve this run:\n"
-                + "\n".join(
-                    f"- {s.server.name}: {'; '.join(s.differences) or s.detail}"
-                    for s in self.problems
-                )
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return JSON-ready data for XCom; ``from_dict`` inverts it."""
-        return {
-            "servers": [s.to_dict() for s in self.servers],
-            "expected": self.expected.to_dict(),
-            "launch_timeout_s": self.launch_timeout_s,
-            "owner": self.owner,
-            "health_targets": self.health_targets(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LaunchReport:
-        """Build from ``to_dict`` output."""
-        return cls(
-            servers=[ServerOutcome.from_dict(s) for s in data["servers"]],
-            expected=ModelExpectation.from_dict(data["expected"]),
-            launch_timeout_s=float(data["launch_timeout_s"]),
-            owner=data.get("owner"),
-        )
+    if not plan:
+        log.info("every selected shard is already complete: no server launched")
+        return LaunchReport([], ModelExpectation.from_settings(settings),
+                            settings.launch_timeout_s, owner, settings.deployment.sglang_conn_id)
+    return launch_servers(settings, owner=owner)
 
 
 def launch_servers(
@@ -417,25 +143,29 @@ def launch_servers(
 ) -> LaunchReport:
     """Make sure every server of ``gpu_hosts`` runs the run's model; return what was done.
 
-    Raise ValueError before touching a host when the token budget cannot work
-    (``max_tokens`` >= ``context_length``), and HostError when a host cannot be reached.
+    Raise SettingsError before touching a host when a server on a non-loopback host would
+    have no API key (``key_problems``), and HostError when a host cannot be reached; on any
+    exception what this launch already started or leased is released first (stopped unless
+    another run leases it), so a launch failing on host 2 leaves nothing of it on host 1.
     Mismatched or failed servers do not raise: they are in ``report.problems`` (call
-    ``report.raise_for_problems()``), so the report of servers already started still reaches
-    teardown. ``owner`` (e.g. ``"<dag_id>/<run_id>"``) is written next to each started server:
-    a retried launch task of the same run finds its own servers and keeps owning them.
-    ``starting_wait_s`` is how long a live server process that does not answer yet is given
-    to open its port before it is reported as failed.
+    ``report.raise_for_problems()``), so the report still reaches teardown. ``owner`` (e.g.
+    ``"<dag_id>/<run_id>"``) names the run's lease on each server it uses and is written next
+    to each server it starts: a retried launch task of the same run finds its own servers and
+    keeps owning them. ``starting_wait_s`` is how long a live server process that does not
+    answer yet is given to open its port before it is reported as failed.
     """
+    from include.settings.errors import SettingsError
+
+    deployment = settings.deployment
+    api_key = settings.api_key  # read from the connection now, masked in the task log
+    problems = key_problems(deployment, api_key)
+    if problems:
+        raise SettingsError("; ".join(problems))
     expected = ModelExpectation.from_settings(settings)
-    if settings.api_key:
-        _mask_in_task_logs(settings.api_key)
-    budget = token_budget_problems(expected)
-    if budget:
-        raise ValueError("; ".join(budget))
     specs = server_specs(settings)
     own_runners = runners is None
     runners = runners or Runners(connect_attempts=connect_attempts)
-    outcomes: list[ServerOutcome] = []
+    report = LaunchReport([], expected, settings.launch_timeout_s, owner, deployment.sglang_conn_id)
     try:
         for spec in specs:
             outcome = _launch_one(
@@ -444,20 +174,27 @@ def launch_servers(
                 stop_grace_s=stop_grace_s,
             )  # fmt: skip
             log.info("server %s: %s %s", spec.name, outcome.action, outcome.detail)
-            outcomes.append(outcome)
+            report.servers.append(outcome)
+    except BaseException as exc:
+        _undo(report, runners, stop_grace_s, exc)
+        raise
     finally:
         if own_runners:
             runners.close()
-    return LaunchReport(outcomes, expected, settings.launch_timeout_s, owner)
+    return report
 
 
-def _mask_in_task_logs(secret: str) -> None:
-    """Register a secret with Airflow's log masker: SSHHook logs every command it runs."""
-    try:
-        from airflow.sdk.log import mask_secret
-    except ImportError:  # plain Python use without Airflow: nothing logs the commands
+def _undo(report: LaunchReport, runners: Runners, grace_s: float, exc: BaseException) -> None:
+    """Release what a failed launch started or leased; say so on the exception."""
+    if not any(s.leased or s.started_by_this_run for s in report.servers):
         return
-    mask_secret(secret)
+    try:
+        undone = stop_servers(report, runners=runners, grace_s=grace_s, check=False)
+    except Exception as undo_exc:  # the launch error matters more; keep both
+        exc.add_note(f"releasing the servers this launch started also failed: {undo_exc}")
+        return
+    lines = undone.stopped + undone.kept + undone.left_behind
+    exc.add_note("released what this launch had started or leased:\n- " + "\n- ".join(lines))
 
 
 def _launch_one(
@@ -471,7 +208,8 @@ def _launch_one(
     probe_timeout_s: float,
     stop_grace_s: float,
 ) -> ServerOutcome:
-    probe = probe_models(spec.url, settings.api_key, probe_timeout_s)
+    key = settings.api_key
+    probe = probe_models(spec.url, key, probe_timeout_s)
     status = server_status(runners, spec)
     owned = bool(owner) and status.owner == owner
     if not probe.answering and status.alive:
@@ -480,7 +218,7 @@ def _launch_one(
         deadline = time.monotonic() + starting_wait_s
         while not probe.answering and time.monotonic() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            probe = probe_models(spec.url, settings.api_key, probe_timeout_s)
+            probe = probe_models(spec.url, key, probe_timeout_s)
             if not server_status(runners, spec).alive:
                 break
         if not probe.answering and server_status(runners, spec).alive:
@@ -488,22 +226,27 @@ def _launch_one(
                 spec, "failed", owned, status.pid,
                 f"process {status.pid} (from {spec.paths.pid_file}) is alive but {spec.url} has "
                 f"not answered for {starting_wait_s:.0f} s; stop it or check its log "
-                f"{spec.paths.log_file}:\n{fetch_log_tail(runners, spec, 20)}",
+                f"{spec.paths.log_file}:\n{fetch_log_tail(runners, spec, 20, secret=key)}",
             )  # fmt: skip
     if not probe.answering:
         return _start(spec, settings, runners, owner, "started")
-    differences = probe_differences(probe, expected)
+    conn_id = settings.deployment.sglang_conn_id
+    differences = probe_differences(probe, expected, conn_id)
     if not differences:
-        detail = "answers with the run's model and context length"
-        if owned:
-            detail += f"; started earlier by this run ({owner})"
-        return ServerOutcome(spec, "reused", owned, status.pid, detail)
+        return _reuse(spec, settings, runners, owner, owned, status, probe_timeout_s)
     if not settings.replace_mismatched_servers:
         return ServerOutcome(
             spec, "mismatched", False, status.pid,
             "left running; set `replace_mismatched_servers`: true to replace it", differences,
         )  # fmt: skip
-    stop = _stop(runners, spec, stop_grace_s)
+    stop = _release(runners, spec, owner, stop_grace_s)
+    if stop.get("outcome") == "kept":
+        return ServerOutcome(
+            spec, "mismatched", False, status.pid,
+            f"not replaced: {stop.get('leases')} other run(s) lease it ({stop.get('holders')}) "
+            "and generate on it; run this one after they finish, or on other GPUs",
+            differences,
+        )  # fmt: skip
     if stop.get("outcome") == "not-running" and probe_models(spec.url, None, 2.0).answering:
         return ServerOutcome(
             spec, "failed", False, status.pid,
@@ -522,54 +265,68 @@ def _launch_one(
     return outcome
 
 
+def _reuse(
+    spec: ServerSpec,
+    settings: RunSettings,
+    runners: Runners,
+    owner: str | None,
+    owned: bool,
+    status: ServerStatus,
+    probe_timeout_s: float,
+) -> ServerOutcome:
+    detail = "answers with the run's model and context length"
+    if owned:
+        detail += f"; started earlier by this run ({owner})"
+    if not owner:
+        return ServerOutcome(spec, "reused", owned, status.pid, detail)
+    leased = _status_from(
+        run_on_host(runners, spec, build_acquire_command(spec.paths, owner),
+                    timeout=LOCK_WAIT_S + 30).stdout
+    )  # fmt: skip
+    if status.alive and not leased.alive and not probe_models(
+        spec.url, settings.api_key, probe_timeout_s
+    ).answering:
+        # Another run's teardown stopped it between the probe and the lease: start it anew.
+        return _start(spec, settings, runners, owner, "started")
+    return ServerOutcome(
+        spec, "reused", owned, leased.pid, f"{detail}; leases now: {leased.leases}", leased=True
+    )
+
+
 def _start(
     spec: ServerSpec, settings: RunSettings, runners: Runners, owner: str | None, action: Action
 ) -> ServerOutcome:
-    launch = build_launch_command(spec, settings)
-    log.info(
-        "server %s: launching on %s: %s", spec.name, runners.for_spec(spec).label,
-        build_launch_command(spec, settings, redact_secrets=True),
-    )  # fmt: skip
-    out = run_on_host(
-        runners, spec, build_detached_command(launch, spec.paths, owner=owner), timeout=60
+    key = settings.api_key
+    paths = spec.paths
+    config = server_config_yaml(key).encode() if key else None
+    launch = build_launch_command(spec, settings, config_file=paths.config_file if key else None)
+    log.info("server %s: launching on %s: %s", spec.name, runners.for_spec(spec).label, launch)
+    command = build_detached_command(
+        launch, paths, owner=owner, config_bytes=len(config) if config else None
     )
+    out = run_on_host(runners, spec, command, timeout=LOCK_WAIT_S + 60, stdin=config)
     pid = parse_fields(out.stdout).get("pid", "")
     if not pid.isdigit():
         # Owned anyway: the process may exist without its pid file; teardown then tries.
         return ServerOutcome(
             spec, "failed", True, None,
-            f"no pid file {spec.paths.pid_file} appeared after launch; log tail:\n"
-            + fetch_log_tail(runners, spec, 30),
+            f"no pid file {paths.pid_file} appeared after launch; log tail:\n"
+            + fetch_log_tail(runners, spec, 30, secret=key),
+            leased=bool(owner),
         )  # fmt: skip
     return ServerOutcome(
-        spec, action, True, int(pid), f"log {spec.paths.log_file}, pid file {spec.paths.pid_file}"
+        spec, action, True, int(pid), f"log {paths.log_file}, pid file {paths.pid_file}",
+        leased=bool(owner),
+    )  # fmt: skip
+
+
+def _release(
+    runners: Runners, spec: ServerSpec, owner: str | None, grace_s: float
+) -> dict[str, str]:
+    command = build_release_command(spec.paths, owner, grace_s=grace_s)
+    return parse_fields(
+        run_on_host(runners, spec, command, timeout=LOCK_WAIT_S + grace_s + 30).stdout
     )
-
-
-def _stop(runners: Runners, spec: ServerSpec, grace_s: float) -> dict[str, str]:
-    command = build_stop_command(spec.paths, grace_s=grace_s)
-    return parse_fields(run_on_host(runners, spec, command, timeout=grace_s + 30).stdout)
-
-
-@dataclass
-class StopReport:
-    """Record what ``stop_servers`` did: stopped servers and any left behind, with reasons."""
-
-    stopped: list[str] = field(default_factory=list)
-    left_behind: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return JSON-ready data."""
-        return {"stopped": self.stopped, "left_behind": self.left_behind, "skipped": self.skipped}
-
-
-class StopError(RuntimeError):
-    """Some servers this run started are still running; ``report`` says which and why."""
-
-    def __init__(self, message: str, report: StopReport) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 def stop_servers(
@@ -580,11 +337,13 @@ def stop_servers(
     grace_s: float = 30.0,
     check: bool = True,
 ) -> StopReport:
-    """Stop exactly the servers this run started, confirm they are gone, report the rest.
+    """Release this run's leases; stop each server no other run leases; confirm it is gone.
 
-    Servers the run reused or left alone are skipped. A server counts as gone when its process
-    group is dead and its port refuses connections. With ``check`` raise StopError (holding
-    the StopReport) when any started server is left behind or its host cannot be reached.
+    Servers the run neither started nor leased are skipped, and so is a reused server that
+    no launcher started (no pid file: launched by hand). A stopped server counts as gone when
+    its process group is dead and its port refuses connections. With ``check`` raise
+    StopError (holding the StopReport) when a server to stop is left behind or its host
+    cannot be reached.
     """
     if isinstance(report, dict):
         report = LaunchReport.from_dict(report)
@@ -593,41 +352,58 @@ def stop_servers(
     result = StopReport()
     try:
         for outcome in report.servers:
-            spec = outcome.server
-            if not outcome.started_by_this_run:
-                result.skipped.append(f"{spec.name}: {outcome.action}, not started by this run")
-                continue
-            try:
-                fields = _stop(runners, spec, grace_s)
-            except HostError as exc:
-                result.left_behind.append(f"{spec.name}: {exc}")
-                continue
-            what = fields.get("outcome", "?")
-            if what == "still-alive":
-                result.left_behind.append(
-                    f"{spec.name}: process {fields.get('pid')} survived SIGTERM and SIGKILL; "
-                    f"stop it by hand on {spec.host}"
-                )
-                continue
-            # The pid is gone; the port must be too, else something else serves it now.
-            deadline = time.monotonic() + 10.0
-            while probe_models(spec.url, None, 2.0).answering and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if probe_models(spec.url, None, 2.0).answering:
-                result.left_behind.append(
-                    f"{spec.name}: process {fields.get('pid') or outcome.pid} is gone but "
-                    f"{spec.url} still answers; find what listens on port {spec.port}"
-                )
-            else:
-                result.stopped.append(f"{spec.name}: {what} pid {fields.get('pid') or '-'}")
+            _stop_one(outcome, report.owner, runners, grace_s, result)
     finally:
         if own_runners:
             runners.close()
-    for line in result.stopped:
-        log.info("stopped %s", line)
+    for line in result.stopped + result.kept:
+        log.info("%s", line)
     if check and result.left_behind:
         raise StopError(
-            "servers this run started are still running:\n- " + "\n- ".join(result.left_behind),
+            "servers this run should have stopped are still running:\n- "
+            + "\n- ".join(result.left_behind),
             result,
         )
     return result
+
+
+def _stop_one(
+    outcome: ServerOutcome, owner: str | None, runners: Runners, grace_s: float,
+    result: StopReport,
+) -> None:
+    spec = outcome.server
+    if not (outcome.leased or outcome.started_by_this_run):
+        result.skipped.append(f"{spec.name}: {outcome.action}, not started or leased by this run")
+        return
+    try:
+        fields = _release(runners, spec, owner, grace_s)
+    except HostError as exc:
+        result.left_behind.append(f"{spec.name}: {exc}")
+        return
+    what = fields.get("outcome", "?")
+    if what == "kept":
+        result.kept.append(
+            f"{spec.name}: kept for {fields.get('leases')} other run(s) leasing it "
+            f"({fields.get('holders')}); this run's lease released"
+        )
+        return
+    if what == "still-alive":
+        result.left_behind.append(
+            f"{spec.name}: process {fields.get('pid')} survived SIGTERM and SIGKILL; "
+            f"stop it by hand on {spec.host}"
+        )
+        return
+    if what == "not-running" and not outcome.started_by_this_run:
+        result.skipped.append(f"{spec.name}: reused, not started by a launcher; left running")
+        return
+    # The pid is gone; the port must be too, else something else serves it now.
+    deadline = time.monotonic() + 10.0
+    while probe_models(spec.url, None, 2.0).answering and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if probe_models(spec.url, None, 2.0).answering:
+        result.left_behind.append(
+            f"{spec.name}: process {fields.get('pid') or outcome.pid} is gone but "
+            f"{spec.url} still answers; find what listens on port {spec.port}"
+        )
+    else:
+        result.stopped.append(f"{spec.name}: {what} pid {fields.get('pid') or '-'}")

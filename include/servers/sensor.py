@@ -7,6 +7,9 @@ task failure whose message names the server and includes its log tail. With
 ``deferrable=False`` the same checks run in the worker (handy for ``airflow dags test`` and
 for tests).
 
+The API key is read at run time, in the worker or the triggerer, from the Airflow connection
+named by ``sglang_conn_id``; it is never a task argument, an XCom value or a trigger argument.
+
 One sensor per server, mapped over ``LaunchReport.health_targets()``::
 
     ServerHealthSensor.partial(task_id="wait_for_server").expand_kwargs(launch["health_targets"])
@@ -36,8 +39,8 @@ class ServerHealthSensor(BaseSensorOperator):
     :param server: ``ServerSpec.to_dict()`` (an entry of ``LaunchReport.health_targets()``).
     :param expected: ``ModelExpectation.to_dict()`` the served model is checked against.
     :param timeout_s: Longest wait for the server to load (setting ``launch_timeout_s``).
-    :param api_key: Bearer key for ``/v1/models``; None reads ``params["api_key"]`` at run time
-        (so the key never travels through XCom).
+    :param sglang_conn_id: Airflow connection whose password is the servers' API key (the
+        Bearer key for ``/v1/models``), read when the check runs; None means no key.
     :param deferrable: Wait in the triggerer (default) or in the worker.
     :param process_check_interval: Seconds between checks (over SSH) that the process lives.
     """
@@ -50,7 +53,7 @@ class ServerHealthSensor(BaseSensorOperator):
         server: dict[str, Any],
         expected: dict[str, Any],
         timeout_s: float = 1800.0,
-        api_key: str | None = None,
+        sglang_conn_id: str | None = None,
         deferrable: bool = True,
         poke_interval: float = 5.0,
         process_check_interval: float = 15.0,
@@ -63,22 +66,18 @@ class ServerHealthSensor(BaseSensorOperator):
         self.server = server
         self.expected = expected
         self.timeout_s = timeout_s
-        self.api_key = api_key
+        self.sglang_conn_id = sglang_conn_id
         self.deferrable = deferrable
         self.process_check_interval = process_check_interval
         self.log_tail_lines = log_tail_lines
 
-    def _trigger(self, context: Any) -> ServerHealthTrigger:
-        api_key = self.api_key
-        if api_key is None:
-            params = (context or {}).get("params") or {}
-            api_key = params.get("api_key") or None
+    def _trigger(self) -> ServerHealthTrigger:
         now = time.time()
         return ServerHealthTrigger(
             server=self.server,
             expected=self.expected,
             deadline=now + float(self.timeout_s),
-            api_key=api_key,
+            sglang_conn_id=self.sglang_conn_id,
             poke_interval=self.poke_interval,
             process_check_interval=self.process_check_interval,
             log_tail_lines=self.log_tail_lines,
@@ -87,7 +86,7 @@ class ServerHealthSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         """Check the server once: True when ready, False while loading; raise on failure."""
-        payload = asyncio.run(_check_once(self._trigger(context), check_process=True))
+        payload = asyncio.run(_check_once(self._trigger(), check_process=True))
         if payload["status"] == "waiting":
             self.log.info("server %s: %s", payload["server"], payload["message"])
             return False
@@ -96,7 +95,7 @@ class ServerHealthSensor(BaseSensorOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Return the check result when ready; defer (or wait here) while the server loads."""
-        trigger = self._trigger(context)
+        trigger = self._trigger()
         if not self.deferrable:
             payload = asyncio.run(_first_event(trigger))
             return self.execute_complete(context, payload)
@@ -124,8 +123,6 @@ class ServerHealthSensor(BaseSensorOperator):
                 f"server {event.get('server', name)} ({event.get('url')}) is not ready: "
                 f"{event.get('message')}"
             )
-        for warning in event.get("warnings") or []:
-            self.log.warning("server %s: %s", event.get("server", name), warning)
         self.log.info("server %s: %s", event.get("server", name), event.get("message"))
         return event
 

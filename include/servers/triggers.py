@@ -1,11 +1,15 @@
 """Wait in the triggerer until one SGLang server is healthy and serves the run's model.
 
 ``ServerHealthTrigger`` polls ``/health`` (connection refused and 503 mean "not yet") until
-200 or an absolute deadline, then checks ``/v1/models`` with ``check_served_model``, and
+200 or an absolute deadline, then checks ``/v1/models`` with ``served_model_differences``, and
 yields one ``TriggerEvent``. While waiting it checks now and then, over SSH or locally, that
 the server's process (from its pid file) is still alive: a server that exited fails at once,
 and every failure carries the tail of the server's log. The triggerer imports this module by
 the classpath ``serialize()`` returns, so it must stay importable from ``include/``.
+
+The API key is never among the trigger's arguments (they are stored in Airflow's database):
+the trigger gets the name of the connection holding it and reads the connection when it runs,
+and it redacts the key from the log tails it puts in its events.
 """
 
 from __future__ import annotations
@@ -19,20 +23,17 @@ from typing import Any
 import aiohttp
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from include.servers.checks import (
-    ModelExpectation,
-    check_served_model,
-    token_budget_warnings,
-)
+from include.servers.checks import ModelExpectation, served_model_differences
 from include.servers.commands import (
     ServerSpec,
     apply_prefix,
     build_log_tail_command,
-    build_status_command,
     parse_fields,
+    redact,
 )
+from include.servers.lifecycle import build_status_command
 
-__all__ = ["ServerHealthTrigger", "check_served_model"]
+__all__ = ["ServerHealthTrigger", "read_api_key"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0
     else:
         from airflow.providers.ssh.hooks.ssh import SSHHookAsync
 
-        from include.servers.launcher import explain_ssh_error
+        from include.servers.hosts import explain_ssh_error
 
         label = f"host {spec.host} (SSH connection `{spec.ssh_conn_id}`)"
         try:
@@ -77,6 +78,25 @@ async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0
     return stdout
 
 
+async def read_api_key(sglang_conn_id: str | None) -> str | None:
+    """Return the servers' API key, the password of ``sglang_conn_id`` (None if it is absent).
+
+    Reads the connection the async way (``BaseHook.aget_connection``), which neither blocks
+    the triggerer's event loop nor deadlocks on its supervisor channel, and registers the
+    password with the secret masker of the process.
+    """
+    if not sglang_conn_id:
+        return None
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = await BaseHook.aget_connection(sglang_conn_id)
+    except AirflowNotFoundException:
+        return None
+    return conn.password or None
+
+
 class ServerHealthTrigger(BaseTrigger):
     """Fire once when a server is healthy and checked, or when it failed or ran out of time.
 
@@ -84,14 +104,15 @@ class ServerHealthTrigger(BaseTrigger):
     :param expected: ``ModelExpectation.to_dict()``: model name, context length, token budget.
     :param deadline: Absolute time (epoch seconds) after which waiting fails; absolute so a
         triggerer restart does not extend it.
-    :param api_key: Bearer key for ``/v1/models`` (``/health`` needs none).
+    :param sglang_conn_id: Airflow connection whose password is the servers' API key, the
+        Bearer key for ``/v1/models`` (``/health`` needs none); None means no key.
     :param poke_interval: Seconds between ``/health`` polls.
     :param process_check_interval: Seconds between checks that the server process lives;
         each costs one SSH command. 0 disables the check.
     :param log_tail_lines: Lines of the server log included in a failure.
 
     The event payload is ``{"status": "success"|"error", "server", "url", "message",
-    "models", "warnings", "elapsed_s"}``.
+    "models", "elapsed_s"}``.
     """
 
     def __init__(
@@ -100,7 +121,7 @@ class ServerHealthTrigger(BaseTrigger):
         server: dict[str, Any],
         expected: dict[str, Any],
         deadline: float,
-        api_key: str | None = None,
+        sglang_conn_id: str | None = None,
         poke_interval: float = 5.0,
         process_check_interval: float = 15.0,
         log_tail_lines: int = 60,
@@ -110,7 +131,7 @@ class ServerHealthTrigger(BaseTrigger):
         self.server = dict(server)
         self.expected = dict(expected)
         self.deadline = float(deadline)
-        self.api_key = api_key
+        self.sglang_conn_id = sglang_conn_id
         self.poke_interval = float(poke_interval)
         self.process_check_interval = float(process_check_interval)
         self.log_tail_lines = int(log_tail_lines)
@@ -118,6 +139,8 @@ class ServerHealthTrigger(BaseTrigger):
         self._spec = ServerSpec.from_dict(self.server)
         self._expectation = ModelExpectation.from_dict(self.expected)
         self._last_health = "no answer yet"
+        self._api_key: str | None = None
+        self._api_key_read = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return this class's import path and its keyword arguments."""
@@ -127,7 +150,7 @@ class ServerHealthTrigger(BaseTrigger):
                 "server": self.server,
                 "expected": self.expected,
                 "deadline": self.deadline,
-                "api_key": self.api_key,
+                "sglang_conn_id": self.sglang_conn_id,
                 "poke_interval": self.poke_interval,
                 "process_check_interval": self.process_check_interval,
                 "log_tail_lines": self.log_tail_lines,
@@ -189,8 +212,16 @@ class ServerHealthTrigger(BaseTrigger):
             self._last_health = f"{type(exc).__name__}"
             return None
 
+    async def api_key(self) -> str | None:
+        """Return the API key, read from its connection on first use."""
+        if not self._api_key_read:
+            self._api_key = await read_api_key(self.sglang_conn_id)
+            self._api_key_read = True
+        return self._api_key
+
     async def _check_models(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        key = await self.api_key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             async with session.get(
                 self._spec.url + "/v1/models",
@@ -200,8 +231,9 @@ class ServerHealthTrigger(BaseTrigger):
                 if resp.status == 401:
                     return self._payload(
                         "error",
-                        "/v1/models answered 401 Unauthorized: setting `api_key` differs from "
-                        "the server's --api-key",
+                        "/v1/models answered 401 Unauthorized: the server was started with "
+                        "another API key than the password of Airflow connection "
+                        f"{self.sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)",
                     )
                 if resp.status != 200:
                     text = (await resp.text())[:300]
@@ -209,15 +241,10 @@ class ServerHealthTrigger(BaseTrigger):
                 models = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return self._payload("error", f"/v1/models failed after /health 200: {exc!r}")
-        problems = check_served_model(models, self._expectation)
+        problems = served_model_differences(models, self._expectation)
         if problems:
             return self._payload("error", "; ".join(problems), models=models)
-        return self._payload(
-            "success",
-            "healthy and serving the run's model",
-            models=models,
-            warnings=token_budget_warnings(self._expectation),
-        )
+        return self._payload("success", "healthy and serving the run's model", models=models)
 
     async def _error(self, reason: str) -> dict[str, Any]:
         spec = self._spec
@@ -225,7 +252,8 @@ class ServerHealthTrigger(BaseTrigger):
             tail = await run_host_command(
                 spec, build_log_tail_command(spec.paths.log_file, self.log_tail_lines)
             )
-            tail = tail.rstrip() or "(empty or missing)"
+            # SGLang logs its arguments, API key included.
+            tail = redact(tail.rstrip(), await self.api_key()) or "(empty or missing)"
         except Exception as exc:
             tail = f"(could not read it: {exc})"
         return self._payload(
@@ -240,7 +268,6 @@ class ServerHealthTrigger(BaseTrigger):
         message: str,
         *,
         models: Any = None,
-        warnings: list[str] | None = None,
     ) -> dict[str, Any]:
         return {
             "status": status,
@@ -248,6 +275,5 @@ class ServerHealthTrigger(BaseTrigger):
             "url": self._spec.url,
             "message": message,
             "models": models,
-            "warnings": warnings or [],
             "elapsed_s": round(time.time() - self.started_at, 3),
         }

@@ -116,23 +116,9 @@ def _check_earlier_shards(run: RunSettings) -> None:
 
 
 def _check_api_key(run: RunSettings) -> None:
-    remote = [h.host for h in run.deployment.gpu_hosts if not h.is_loopback]
-    if remote and not run.api_key:
-        raise SettingsError(
-            f"deployment setting `gpu_hosts`: servers on {remote} would be reachable from the "
-            f"network without an API key; create the Airflow connection "
-            f"{run.deployment.sglang_conn_id!r} ({env_name('sglang_conn_id')}) with the key as "
-            "its password")
+    from include.servers.checks import key_problems
 
-
-def budget_line(run: RunSettings) -> str:
-    """Return the one line that says how long completions can be in this run."""
-    c, m = run.context_length, run.context_margin
-    longest = c - m - run.min_completion_tokens
-    return (f"completions are bounded by min(max_tokens={run.max_tokens}, {c} - P - {m}) tokens "
-            f"for a prompt of P tokens (context_length {c}, context_margin {m}); prompts longer "
-            f"than {longest} tokens leave less than min_completion_tokens="
-            f"{run.min_completion_tokens} and are skipped, never sent")
+    raise_all(key_problems(run.deployment, run.api_key))
 
 
 def _describe(run: RunSettings) -> str:
@@ -167,5 +153,7 @@ def check_settings(params: Mapping[str, Any] | None,
         problems += _problem(lambda: _check_earlier_shards(run))
     raise_all(problems)
     log.info("settings checked; resolved:\n%s", _describe(run))
+    from include.servers.checks import budget_line
+
     log.info("%s", budget_line(run))
     return run

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from include.servers.commands import ServerPaths, build_stop_command
-from include.servers.launcher import LocalRunner
+from include.servers.commands import ServerPaths
+from include.servers.hosts import LocalRunner
+from include.servers.lifecycle import build_stop_command
 from include.settings import RunSettings
 from sglang_standin.process import shell_launch_command
 from tests.fixtures.ports import free_port_block
@@ -68,7 +69,7 @@ def make_settings(
             **values,
         }
         settings = run_settings(merged)
-        used.extend(g for h in settings.gpu_hosts for g in h.gpus)
+        used.extend(g for h in settings.deployment.gpu_hosts for g in h.gpus)
         return settings
 
     yield factory

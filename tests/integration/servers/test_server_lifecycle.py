@@ -7,27 +7,29 @@ detached wrapper, same pid files), through a real sshd on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
+import subprocess
 import time
-import urllib.error
-import urllib.request
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from include.servers.checks import ModelExpectation
-from include.servers.launcher import (
-    HostError,
-    LaunchReport,
-    launch_servers,
-    probe_models,
-    stop_servers,
-)
+from include.servers.hosts import HostError
+from include.servers.launcher import launch_servers, probe_models, stop_servers
 from include.servers.preflight import PreflightError, format_table, preflight
+from include.servers.report import LaunchReport
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger
 from include.settings import RunSettings
+from tests.fixtures.settings import api_key_connection
+from tests.integration.servers.helpers import answers, wait_answering
 
 SettingsFactory = Callable[..., RunSettings]
 
@@ -51,79 +53,100 @@ def sensor_for(target: dict[str, Any], **kwargs: Any) -> ServerHealthSensor:
     return ServerHealthSensor(task_id=f"wait_{target['server']['port']}", **target, **kwargs)
 
 
-def refuses(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url + "/health", timeout=2)
-    except urllib.error.HTTPError:
-        return False
-    except (urllib.error.URLError, OSError):
-        return True
-    return False
+def processes_args() -> str:
+    """Return every process's command line on this machine (the GPU host of these tests)."""
+    # -ww: whole command lines, however long (ps cuts them to a width otherwise).
+    done = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True)
+    return done.stdout
 
 
-def test_cold_start_gate_reuse_preflight_and_teardown(make_settings: SettingsFactory) -> None:
+def test_cold_start_gate_reuse_preflight_and_teardown(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     # A harmless real container prefix: every remote command runs through `nice -n 0 sh -c`.
+    key = "sk-test-" + uuid.uuid4().hex
     settings = make_settings(
         hosts=[
             {"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0, 1],
              "command_prefix": "nice -n 0"}
         ],
-        api_key="sk-test",
+        api_key=key,
     )  # fmt: skip
+    caplog.set_level(logging.INFO)
     report = launch_servers(settings, owner="regenerate/run-1")
     assert [s.action for s in report.servers] == ["started", "started"], report.summary()
     assert all(s.pid for s in report.started)
     targets = report.to_dict()["health_targets"]
+    assert key not in json.dumps(report.to_dict())  # XCom holds the connection's name only
+    assert {t["sglang_conn_id"] for t in targets} == {settings.deployment.sglang_conn_id}
 
     # Cold start: the sensor finds the server loading and defers; the trigger then waits.
     first = sensor_for(targets[0])
     with pytest.raises(TaskDeferred) as deferred:
-        first.execute({"params": {"api_key": "sk-test"}})
+        first.execute({})
+    assert key not in json.dumps(deferred.value.trigger.serialize()[1])
     payload = run_trigger(deferred.value.trigger)
     assert payload["status"] == "success", payload["message"]
     assert first.execute_complete({}, payload)["models"]["data"][0]["max_model_len"] == 4096
     # The non-deferrable mode runs the same checks in the worker.
-    second = sensor_for(targets[1], deferrable=False, api_key="sk-test")
+    second = sensor_for(targets[1], deferrable=False)
     assert second.execute({})["status"] == "success"
 
-    # The 8192/8192 failure is caught at the gate, naming the setting to change.
-    impossible = ModelExpectation("standin-qwen", 4096, max_tokens=4096).to_dict()
-    with pytest.raises(ServerNotReadyError, match="lower max_tokens below"):
-        sensor_for({**targets[0], "expected": impossible}, deferrable=False).execute(
-            {"params": {"api_key": "sk-test"}}
-        )
+    # The servers hold the key (a request without it is refused) and no command line has it.
+    assert probe_models(report.urls[0], None).status == 401
+    assert probe_models(report.urls[0], key).status == 200
+    paths = [s.server.paths for s in report.servers]
+    listing = processes_args()
+    assert key not in listing and all(f"--config {p.config_file}" in listing for p in paths)
+    for s in report.servers:  # nor their environment
+        assert key.encode() not in Path(f"/proc/{s.pid}/environ").read_bytes()
+    assert {os.stat(p.config_file).st_mode & 0o777 for p in paths} == {0o600}
+    assert key not in caplog.text  # not logged either, masked or not
 
-    # A second launch (another run) reuses both and owns neither.
+    # A wrong key is caught by the gate, naming the connection to fix.
+    wrong = api_key_connection("sk-wrong-" + uuid.uuid4().hex)
+    with pytest.raises(ServerNotReadyError, match=f"401 Unauthorized.*{wrong}"):
+        sensor_for({**targets[0], "sglang_conn_id": wrong}, deferrable=False).execute({})
+
+    # max_tokens at the context length is accepted: each request's budget keeps it safe.
+    at_context = ModelExpectation("standin-qwen", 4096, max_tokens=4096).to_dict()
+    assert sensor_for({**targets[0], "expected": at_context}, deferrable=False).execute({})
+
+    # A second launch (another run) reuses both and leases them; its teardown keeps them.
     again = launch_servers(settings, owner="regenerate/run-2")
     assert [s.action for s in again.servers] == ["reused", "reused"]
-    assert again.started == []
-    assert stop_servers(again).stopped == []
+    assert again.started == [] and all(s.leased for s in again.servers)
+    released = stop_servers(again)
+    assert released.stopped == [] and len(released.kept) == 2
+    assert "regenerate/run-1" in released.kept[0]
     # A retry of the first run's launch task still owns its servers.
     retry = launch_servers(settings, owner="regenerate/run-1")
     assert [s.started_by_this_run for s in retry.servers] == [True, True]
 
     messages = [{"role": "user", "content": "Say hello."}]
     results = asyncio.run(
-        preflight(report.urls, messages, 32, {"temperature": 0.6}, "standin-qwen", "sk-test", 30)
+        preflight(report.urls, messages, 32, {"temperature": 0.6}, "standin-qwen", key, 30)
     )
     assert [r.context_length for r in results] == [4096, 4096]
     assert "standin-qwen" in format_table(results)
     with pytest.raises(PreflightError, match="exceeds the model's maximum context length"):
-        asyncio.run(preflight(report.urls, messages, 4096, {}, "standin-qwen", "sk-test", 30))
+        asyncio.run(preflight(report.urls, messages, 4096, {}, "standin-qwen", key, 30))
 
     stopped = stop_servers(LaunchReport.from_dict(report.to_dict()))
     assert len(stopped.stopped) == 2 and stopped.left_behind == []
-    assert all(refuses(url) for url in report.urls)
+    assert not any(answers(url) for url in report.urls)
+    assert not [p for p in paths if os.path.exists(p.config_file)]  # the key file went too
 
 
 def test_mismatch_is_reported_and_replaced_only_when_asked(
     make_settings: SettingsFactory,
 ) -> None:
     one_gpu = [{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0]}]
-    old = launch_servers(make_settings(hosts=one_gpu, context_length=4096), owner="old")
+    # Launched without a run (no lease): nobody is using it, so it may be replaced.
+    old = launch_servers(make_settings(hosts=one_gpu, context_length=4096))
     old_pid = old.servers[0].pid
     assert old.servers[0].action == "started"
-    assert _wait_answering(old.urls[0])
+    assert wait_answering(old.urls[0])
 
     wanted = make_settings(hosts=one_gpu, context_length=2048)
     kept = launch_servers(wanted, owner="new")
@@ -144,21 +167,14 @@ def test_mismatch_is_reported_and_replaced_only_when_asked(
     assert stop_servers(new).left_behind == []
 
 
-def _wait_answering(url: str, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe_models(url, None, 1).answering:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def test_server_that_exits_at_start_fails_with_its_log_tail(
+def test_server_that_exits_at_start_fails_with_its_log_tail_redacted(
     make_settings: SettingsFactory,
 ) -> None:
+    key = "sk-in-the-log-" + uuid.uuid4().hex
     settings = make_settings(
         hosts=[{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0]}],
         model_path="/nonexistent/model-dir",
+        api_key=key,
     )
     report = launch_servers(settings)
     assert report.servers[0].action == "started"
@@ -172,6 +188,9 @@ def test_server_that_exits_at_start_fails_with_its_log_tail(
     assert "--- last 60 lines of" in text
     tail = text.split("--- last 60 lines of", 1)[1]
     assert "/nonexistent/model-dir" in tail  # the server's own complaint, from its log
+    # Like SGLang, the server logged its arguments with the key; the tail never carries it.
+    assert key in Path(report.servers[0].server.paths.log_file).read_text()
+    assert "api_key='***'" in tail and key not in text
     stopped = stop_servers(report)
     assert stopped.left_behind == [] and "not-running" in stopped.stopped[0]
 
@@ -187,7 +206,7 @@ def test_deadline_failure_carries_the_log_tail(make_settings: SettingsFactory) -
         sensor_for(target, deferrable=False).execute({})
     text = str(err.value)
     assert "not healthy after" in text and "`launch_timeout_s`" in text
-    assert "stand-in SGLang server" in text  # a line from the server's own log
+    assert "server_args=ServerArgs(" in text  # the first line of the server's own log
     assert stop_servers(report).left_behind == []
 
 
@@ -219,4 +238,4 @@ def test_local_host_without_ssh(make_settings: SettingsFactory) -> None:
         "success"
     )
     assert len(stop_servers(report).stopped) == 1
-    assert refuses(report.urls[0])
+    assert not answers(report.urls[0])

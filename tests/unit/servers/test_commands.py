@@ -1,4 +1,4 @@
-"""Command builders: exact arguments, harmless hostile settings, detached start and stop.
+"""Command builders: exact arguments, harmless hostile settings, the key file, start and stop.
 
 Hostile values are not only inspected: the built commands are executed with ``sh`` and the
 test checks that no planted file appeared and that the program got the values verbatim.
@@ -16,19 +16,26 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from include.servers.commands import (
     ServerPaths,
     ServerSpec,
     apply_prefix,
-    build_detached_command,
     build_launch_command,
     build_log_tail_command,
-    build_status_command,
-    build_stop_command,
     default_bind_host,
     parse_fields,
+    redact,
+    server_config_yaml,
     server_specs,
+)
+from include.servers.lifecycle import (
+    build_acquire_command,
+    build_detached_command,
+    build_release_command,
+    build_status_command,
+    build_stop_command,
 )
 from include.settings import RunSettings
 from tests.fixtures.settings import run_settings
@@ -42,10 +49,13 @@ def settings(**values: object) -> RunSettings:
     return run_settings({**base, **values})
 
 
-def sh(command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def sh(
+    command: str, timeout: float = 30, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["sh", "-c", command], capture_output=True, text=True, timeout=timeout, check=False
-    )
+        ["sh", "-c", command], capture_output=True, text=True, timeout=timeout, check=False,
+        input=stdin,
+    )  # fmt: skip
 
 
 def test_specs_expand_every_host_and_gpu_in_order() -> None:
@@ -100,7 +110,9 @@ def test_bad_gpu_layouts_name_the_host_and_setting(hosts: list, tp: int, fragmen
 def test_bind_host_is_loopback_only_for_loopback_hosts() -> None:
     assert default_bind_host("127.0.0.1") == "127.0.0.1"
     assert default_bind_host("localhost") == "localhost"
+    assert default_bind_host("::1") == "::1"
     assert default_bind_host("gpu-node-3") == "0.0.0.0"
+    assert default_bind_host("10.0.0.7") == "0.0.0.0"
 
 
 def test_launch_command_passes_every_setting_as_one_argument() -> None:
@@ -118,7 +130,8 @@ def test_launch_command_passes_every_setting_as_one_argument() -> None:
         gpu_hosts=[{"host": "gpu-a", "gpus": [4]}],
     )
     spec = server_specs(s)[0]
-    words = shlex.split(build_launch_command(spec, s))
+    command = build_launch_command(spec, s, config_file=spec.paths.config_file)
+    words = shlex.split(command)
     assert words[:5] == ["env", "CUDA_VISIBLE_DEVICES=4", "python3", "-m", "sglang.launch_server"]
     args = words[5:]
     pairs = dict(zip(args[::2], args[1::2], strict=False))
@@ -129,32 +142,57 @@ def test_launch_command_passes_every_setting_as_one_argument() -> None:
     assert pairs["--context-length"] == "16384"
     assert pairs["--mem-fraction-static"] == "0.8"
     assert pairs["--reasoning-parser"] == "qwen3"
-    assert pairs["--api-key"] == "s3cret key"
     assert pairs["--tokenizer-path"] == "/tok"
+    assert pairs["--config"] == "/tmp/sglang-regen/server-30004.config.yaml"
     assert args[-3:] == ["--enable-metrics", "--max-running-requests", "64"]
-    redacted = build_launch_command(spec, s, redact_secrets=True)
-    assert "s3cret" not in redacted and "--api-key '***'" in redacted
+    # The key is in no command: not the launch, not the detached start, not status or stop.
+    paths = spec.paths
+    built = [
+        command,
+        build_launch_command(spec, s),
+        build_detached_command(command, paths, owner="dag/run", config_bytes=40),
+        build_status_command(paths),
+        build_acquire_command(paths, "dag/run"),
+        build_release_command(paths, "dag/run"),
+        build_stop_command(paths),
+    ]
+    assert s.api_key == "s3cret key"
+    assert not [c for c in built if "s3cret" in c or "--api-key" in c]
+    assert "--config" not in build_launch_command(spec, s)
+
+
+@pytest.mark.parametrize(
+    "key", ["plain-key", "yes", "0x10", "1e3", "null", "a: b", "it's \"quoted\"", "#x", "ключ"]
+)
+def test_config_file_gives_the_key_back_verbatim_as_text(key: str) -> None:
+    # SGLang reads the file with yaml.safe_load and passes str(value) as --api-key.
+    assert yaml.safe_load(server_config_yaml(key)) == {"api-key": key}
 
 
 def test_hostile_settings_reach_the_program_verbatim_and_run_nothing(tmp_path: Path) -> None:
+    # Run settings with shell syntax are refused by their patterns; the deployment's words
+    # (launch command, container prefix, log dir, extra args) and the model path are quoted.
     marks = [tmp_path / f"pwned{i}" for i in range(6)]
+    log_dir = str(tmp_path / f"logs $(touch {marks[1]}) `touch {marks[2]}`")
     hostile = {
         "model_path": f"x; touch {marks[0]}",
-        "served_model_name": f"$(touch {marks[1]})",
-        "api_key": f"`touch {marks[2]}`",
-        "reasoning_parser": f"qwen3' ; touch {marks[3]} ; '",
         "extra_server_args": [f'--x=" && touch {marks[4]}', "\n", f"|| touch {marks[5]}"],
     }
-    s = settings(server_launch_command=ECHO_ARGV, **hostile)
+    s = settings(
+        server_launch_command=ECHO_ARGV + f" 'a b' \"$(touch {marks[3]})\"",
+        server_log_dir=log_dir,
+        **hostile,
+    )
     spec = server_specs(s)[0]
-    done = sh(build_launch_command(spec, s))
+    command = build_launch_command(spec, s, config_file=spec.paths.config_file)
+    prefix = f"env X=1 sh -c 'exec \"$@\"' \"$(touch {marks[3]})\""  # $0 is that text
+    done = sh(apply_prefix(command, prefix))
     assert done.returncode == 0, done.stderr
     argv = json.loads(done.stdout)
     assert argv[0] == "0"  # CUDA_VISIBLE_DEVICES
+    assert argv[1:3] == ["a b", f"$(touch {marks[3]})"]  # launch-command words, verbatim
     assert argv[argv.index("--model-path") + 1] == hostile["model_path"]
-    assert argv[argv.index("--served-model-name") + 1] == hostile["served_model_name"]
-    assert argv[argv.index("--api-key") + 1] == hostile["api_key"]
-    assert argv[argv.index("--reasoning-parser") + 1] == hostile["reasoning_parser"]
+    assert argv[argv.index("--config") + 1] == f"{log_dir}/server-30000.config.yaml"
     assert argv[-3:] == hostile["extra_server_args"]
     assert not [m for m in marks if m.exists()]
 
@@ -199,7 +237,7 @@ def test_detached_start_status_and_stop(odd_dir: Path, tmp_path: Path) -> None:
     try:
         assert os.getpgid(pid) == pid  # its own process group, so stop can signal the group
         status = parse_fields(sh(build_status_command(paths)).stdout)
-        assert status == {"pid": str(pid), "alive": "1", "owner": "dag/run 1"}
+        assert status == {"pid": str(pid), "alive": "1", "leases": "1", "owner": "dag/run 1"}
         assert "starting on" in Path(paths.log_file).read_text()
         started = time.monotonic()
         stopped = sh(build_stop_command(paths, grace_s=5))
@@ -222,6 +260,87 @@ def test_detached_start_status_and_stop(odd_dir: Path, tmp_path: Path) -> None:
                 except ProcessLookupError:
                     pass
     assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def _kill_group(pid: int | None) -> None:
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_key_file_comes_from_stdin_private_and_goes_at_stop(odd_dir: Path, tmp_path: Path) -> None:
+    paths = ServerPaths(str(odd_dir), 42003)
+    content = server_config_yaml("sk-from-stdin")
+    # The "server" prints its config file, as SGLang reads it at start.
+    server = f"cat {shlex.quote(paths.config_file)}; " + _fake_server(42003)
+    command = build_detached_command(
+        f"sh -c {shlex.quote(server)}", paths, config_bytes=len(content.encode())
+    )
+    assert "sk-from-stdin" not in command
+    done = sh(command, stdin=content)
+    pid = int(parse_fields(done.stdout)["pid"])
+    try:
+        assert os.stat(paths.config_file).st_mode & 0o777 == 0o600
+        assert yaml.safe_load(Path(paths.config_file).read_text()) == {"api-key": "sk-from-stdin"}
+        for private in (paths.log_file, paths.pid_file, paths.owner_file):
+            assert os.stat(private).st_mode & 0o077 == 0, private  # SGLang logs the key
+        deadline = time.monotonic() + 10  # the "server" prints its config as it starts
+        while "sk-from-stdin" not in Path(paths.log_file).read_text():
+            assert time.monotonic() < deadline, Path(paths.log_file).read_text()
+            time.sleep(0.05)
+        assert sh(build_stop_command(paths, grace_s=5)).stdout.strip() == f"stopped pid={pid}"
+        assert not Path(paths.config_file).exists()
+    finally:
+        _kill_group(pid)
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_a_short_key_file_never_starts_a_server(odd_dir: Path, tmp_path: Path) -> None:
+    # A container prefix that drops stdin (docker exec without -i) must not start a keyless
+    # server: the command fails, says why, and leaves no config and no process.
+    paths = ServerPaths(str(odd_dir), 42004)
+    content = server_config_yaml("sk-lost")
+    done = sh(build_detached_command(_fake_server(42004), paths, config_bytes=len(content)),
+              stdin="")  # fmt: skip
+    assert done.returncode == 6
+    assert "got 0 of" in done.stderr and "docker exec -i" in done.stderr
+    assert not Path(paths.config_file).exists() and not Path(paths.pid_file).exists()
+    assert not Path(paths.lock_dir).exists()
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_leases_keep_a_server_until_the_last_run_releases_it(tmp_path: Path) -> None:
+    paths = ServerPaths(str(tmp_path), 42005)
+    first = parse_fields(sh(build_detached_command(_fake_server(42005), paths,
+                                                   owner="dag/run 1")).stdout)  # fmt: skip
+    pid = int(first["pid"])
+    try:
+        second = parse_fields(sh(build_acquire_command(paths, "dag/run: 2")).stdout)
+        assert second == {"pid": str(pid), "alive": "1", "leases": "2", "owner": "dag/run 1"}
+        again = parse_fields(sh(build_acquire_command(paths, "dag/run: 2")).stdout)
+        assert again["leases"] == "2"  # a retried launch adds no second lease
+        kept = parse_fields(sh(build_release_command(paths, "dag/run 1", grace_s=5)).stdout)
+        assert kept == {"outcome": "kept", "leases": "1", "holders": "dag/run: 2"}
+        assert os.getpgid(pid) == pid  # still running
+        assert sh(build_release_command(paths, "dag/run 1", grace_s=5)).stdout.startswith("kept")
+        last = sh(build_release_command(paths, "dag/run: 2", grace_s=5)).stdout.strip()
+        assert last == f"stopped pid={pid}"
+        assert not Path(paths.lease_dir).exists() and not Path(paths.lock_dir).exists()
+    finally:
+        _kill_group(pid)
+
+
+def test_a_lock_left_by_a_dead_command_is_taken_over(tmp_path: Path) -> None:
+    paths = ServerPaths(str(tmp_path), 42006)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    Path(paths.lock_dir).mkdir()
+    Path(paths.lock_dir, "pid").write_text(str(dead.pid))
+    done = sh(build_release_command(paths, "x", grace_s=1))
+    assert done.stdout.strip() == "not-running pid=", done.stderr
+    assert not Path(paths.lock_dir).exists()
 
 
 def test_stop_ignores_a_pid_file_naming_another_process(tmp_path: Path) -> None:
@@ -267,4 +386,13 @@ def test_parse_fields_keeps_spaces_in_owner() -> None:
         "owner": "dag/run id with spaces",
     }
     assert parse_fields("stopped pid=5") == {"outcome": "stopped", "pid": "5"}
+    assert parse_fields("kept leases=2 holders=a/b c, d=e") == {
+        "outcome": "kept", "leases": "2", "holders": "a/b c, d=e"
+    }  # fmt: skip
     assert parse_fields("") == {}
+
+
+def test_redact_replaces_every_occurrence_and_nothing_without_a_secret() -> None:
+    text = "server_args=ServerArgs(api_key='k-123', port=1) k-123"
+    assert redact(text, "k-123") == "server_args=ServerArgs(api_key='***', port=1) ***"
+    assert redact(text, None) == text

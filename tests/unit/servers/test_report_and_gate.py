@@ -12,17 +12,13 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec, server_specs
-from include.servers.launcher import (
-    LaunchError,
-    LaunchReport,
-    ServerOutcome,
-    launch_servers,
-    stop_servers,
-)
+from include.servers.launcher import launch_servers, stop_servers
+from include.servers.report import LaunchError, LaunchReport, ServerOutcome
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
-from include.servers.triggers import ServerHealthTrigger
+from include.servers.triggers import ServerHealthTrigger, read_api_key
+from include.settings import SettingsError
 from sglang_standin.process import free_port
-from tests.fixtures.settings import run_settings
+from tests.fixtures.settings import api_key_connection, run_settings
 
 
 def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
@@ -33,13 +29,14 @@ def report() -> LaunchReport:
     e = ModelExpectation("qwen", 32768)
     return LaunchReport(
         [
-            ServerOutcome(spec(30000, 0), "started", True, 101, "log ..."),
-            ServerOutcome(spec(30001, 1), "reused", False, 55),
+            ServerOutcome(spec(30000, 0), "started", True, 101, "log ...", leased=True),
+            ServerOutcome(spec(30001, 1), "reused", False, 55, leased=True),
             ServerOutcome(spec(30002, 2), "mismatched", False, None, "", ["max_model_len 4096"]),
         ],
         e,
         1800.0,
         owner="dag/run",
+        sglang_conn_id="sglang_prod",
     )
 
 
@@ -49,10 +46,13 @@ def test_report_is_json_data_and_round_trips() -> None:
     back = LaunchReport.from_dict(data)
     assert back == r
     assert [s.server.port for s in back.started] == [30000]
+    assert [s.leased for s in back.servers] == [True, True, False]
     assert [s.server.port for s in back.problems] == [30002]
     assert back.urls == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
     assert len(data["health_targets"]) == 3
     assert data["health_targets"][0]["expected"]["model_name"] == "qwen"
+    # The sensors get the connection's name and read the key themselves, at run time.
+    assert {t["sglang_conn_id"] for t in data["health_targets"]} == {"sglang_prod"}
     assert "api_key" not in json.dumps(data)
     assert "30002 (GPU 2): mismatched: max_model_len 4096" in r.summary()
 
@@ -62,23 +62,22 @@ def test_raise_for_problems_lists_each_bad_server() -> None:
         report().raise_for_problems()
 
 
-def test_impossible_token_budget_fails_before_any_host_is_touched() -> None:
+def test_a_remote_host_without_a_key_is_refused_before_any_ssh() -> None:
     s = run_settings(
-        {
-            "context_length": 8192,
-            "max_tokens": 8192,
-            "gpu_hosts": [{"host": "unreachable.invalid", "ssh_conn_id": "nope", "gpus": [0]}],
-        }
+        {"gpu_hosts": [{"host": "gpu-a.invalid", "ssh_conn_id": "no_such_conn", "gpus": [0]}]}
     )
-    with pytest.raises(ValueError, match="`max_tokens` \\(8192\\) is not below"):
+    assert s.api_key is None
+    # Any SSH attempt would fail with HostError naming the connection; this fails first.
+    with pytest.raises(SettingsError, match="gpu-a.invalid listen on the network") as err:
         launch_servers(s)
+    assert "REGEN_SGLANG_CONN_ID" in str(err.value) and "REGEN_GPU_HOSTS" in str(err.value)
 
 
-def test_stop_skips_servers_this_run_did_not_start() -> None:
+def test_stop_skips_servers_this_run_neither_started_nor_leased() -> None:
     r = report()
-    r.servers = [s for s in r.servers if not s.started_by_this_run]
+    r.servers = [s for s in r.servers if not (s.started_by_this_run or s.leased)]
     out = stop_servers(r.to_dict())
-    assert out.stopped == [] and out.left_behind == [] and len(out.skipped) == 2
+    assert out.stopped == [] and out.left_behind == [] and len(out.skipped) == 1
 
 
 def trigger(port: int, **kwargs: Any) -> ServerHealthTrigger:
@@ -91,13 +90,17 @@ def trigger(port: int, **kwargs: Any) -> ServerHealthTrigger:
     )
 
 
-def test_trigger_serialises_to_its_include_classpath() -> None:
-    t = trigger(30000, api_key="k", poke_interval=2)
+def test_trigger_serialises_to_its_include_classpath_without_the_key() -> None:
+    conn_id = api_key_connection("sk-never-serialised")
+    t = trigger(30000, sglang_conn_id=conn_id, poke_interval=2)
     path, kwargs = t.serialize()
     assert path == "include.servers.triggers.ServerHealthTrigger"
-    json.dumps(kwargs)
+    assert "sk-never-serialised" not in json.dumps(kwargs)
     again = ServerHealthTrigger(**kwargs)
     assert again.serialize() == (path, kwargs)
+    # The key is read from the connection when the trigger runs (in the triggerer).
+    assert asyncio.run(again.api_key()) == "sk-never-serialised"
+    assert asyncio.run(read_api_key("sglang_test_missing")) is None
 
 
 def test_trigger_gives_up_at_the_deadline_with_the_log_note() -> None:
@@ -125,12 +128,12 @@ def sensor(port: int, **kwargs: Any) -> ServerHealthSensor:
 
 
 def test_sensor_defers_to_the_trigger_while_the_server_is_down() -> None:
-    s = sensor(free_port(), timeout_s=300, poke_interval=1)
+    s = sensor(free_port(), timeout_s=300, poke_interval=1, sglang_conn_id="sglang_prod")
     with pytest.raises(TaskDeferred) as deferred:
-        s.execute({"params": {"api_key": "from-params"}})
+        s.execute({})
     t = deferred.value.trigger
     assert isinstance(t, ServerHealthTrigger)
-    assert t.api_key == "from-params"
+    assert t.sglang_conn_id == "sglang_prod"
     assert 290 < t.deadline - time.time() <= 300
     assert deferred.value.method_name == "execute_complete"
 
@@ -143,7 +146,7 @@ def test_sensor_turns_an_error_event_into_a_clear_failure() -> None:
         s.execute_complete({}, event)
     with pytest.raises(ServerNotReadyError, match="no event"):
         s.execute_complete({}, None)
-    ok = {"status": "success", "server": "s", "message": "fine", "warnings": ["tight"]}
+    ok = {"status": "success", "server": "s", "message": "fine"}
     assert s.execute_complete({}, ok) is ok
 
 

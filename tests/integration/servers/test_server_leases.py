@@ -1,0 +1,94 @@
+"""Two runs sharing servers over a real sshd: leases, refusals, failed launches and teardowns.
+
+Each "run" is an owner, as the DAG passes ``<dag_id>/<run_id>``: a backfill launched while
+another run generates reuses its servers and must not lose them to the other run's teardown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from include.servers.hosts import HostError
+from include.servers.launcher import launch_servers, stop_servers
+from include.servers.report import LaunchReport, StopError
+from include.settings import RunSettings
+from tests.integration.servers.helpers import answers, wait_answering
+
+SettingsFactory = Callable[..., RunSettings]
+
+pytestmark = pytest.mark.integration
+
+RUN_A, RUN_B = "regenerate_drafter_data/run A", "regenerate_drafter_data/backfill B"
+
+
+def host(gpus: list[int], conn: str = "ssh_loopback", name: str = "127.0.0.1") -> dict[str, Any]:
+    return {"host": name, "ssh_conn_id": conn, "gpus": gpus}
+
+
+def test_a_backfill_keeps_the_servers_of_the_run_it_shares_them_with(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings(hosts=[host([0, 1])], api_key="sk-shared")
+    a = launch_servers(settings, owner=RUN_A)
+    assert [s.action for s in a.servers] == ["started", "started"]
+    b = launch_servers(settings, owner=RUN_B)
+    assert [s.action for s in b.servers] == ["reused", "reused"]
+    assert all(s.leased and not s.started_by_this_run for s in b.servers)
+
+    # Run A finishes first: its teardown releases its leases and stops nothing.
+    first = stop_servers(LaunchReport.from_dict(a.to_dict()))
+    assert first.stopped == [] and len(first.kept) == 2, first.to_dict()
+    assert RUN_B in first.kept[0]
+    assert all(answers(url) for url in a.urls)
+
+    # Replacing a server another run leases is refused, even when asked.
+    other = make_settings(hosts=[host([0, 1])], api_key="sk-shared", context_length=2048,
+                          replace_mismatched_servers=True)  # fmt: skip
+    refused = launch_servers(other, owner="regenerate_drafter_data/run C")
+    assert [s.action for s in refused.servers] == ["mismatched", "mismatched"]
+    assert "lease it" in refused.servers[0].detail and RUN_B in refused.servers[0].detail
+    assert stop_servers(refused).skipped and all(answers(url) for url in a.urls)
+
+    # The last run's teardown stops them, and their key files go with them.
+    last = stop_servers(b.to_dict())
+    assert len(last.stopped) == 2 and last.left_behind == [] and last.kept == []
+    assert not any(answers(url) for url in a.urls)
+    assert not [s for s in a.servers if Path(s.server.paths.config_file).exists()]
+
+
+def test_a_launch_failing_on_host_2_leaves_nothing_of_it_on_host_1(
+    make_settings: SettingsFactory, sshd: Any
+) -> None:
+    # Run A uses GPU 0; run B would use GPUs 0 and 2 on host 1 and GPU 1 on host 2, which it
+    # cannot reach. B's failure stops the server it started (GPU 2) and keeps A's (GPU 0).
+    a = launch_servers(make_settings(hosts=[host([0])]), owner=RUN_A)
+    settings = make_settings(hosts=[host([0, 2]), host([1], sshd.bad_key_conn_id, "localhost")])
+    with pytest.raises(HostError) as err:
+        launch_servers(settings, owner=RUN_B, connect_attempts=1)
+    notes = "\n".join(getattr(err.value, "__notes__", []))
+    assert "released what this launch had started or leased" in notes
+    gpu0, gpu2 = (f"http://127.0.0.1:{settings.deployment.port_base + g}" for g in (0, 2))
+    assert answers(gpu0) and not answers(gpu2)
+    assert "kept for 1 other run(s)" in notes and RUN_A in notes
+    assert len(stop_servers(a).stopped) == 1 and not answers(gpu0)
+
+
+def test_a_teardown_that_cannot_stop_a_server_raises(
+    make_settings: SettingsFactory, sshd: Any
+) -> None:
+    report = launch_servers(make_settings(hosts=[host([0])]), owner=RUN_A)
+    (outcome,) = report.servers
+    assert wait_answering(report.urls[0])
+    unreachable = dataclasses.replace(outcome.server, ssh_conn_id=sshd.bad_key_conn_id)
+    broken = LaunchReport.from_dict(report.to_dict())
+    broken.servers[0].server = unreachable
+    with pytest.raises(StopError) as err:
+        stop_servers(broken, connect_attempts=1)
+    assert "authentication failed" in str(err.value) and err.value.report.left_behind
+    assert answers(report.urls[0])
+    assert len(stop_servers(report).stopped) == 1
