@@ -1,0 +1,128 @@
+"""Runs triggered as a user would: REST with a login, under a real scheduler (standalone).
+
+Every doomed conf fails in ``check_settings`` seconds after the trigger, with a task log
+naming the setting, the value and what is accepted; nothing is prepared, launched or written.
+Conf values the form can check are refused by the REST call itself, before a run exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.airflow_server import AirflowServer, airflow_server
+from tests.fixtures.settings import deployment_env
+
+ROOT = Path(__file__).resolve().parents[2]
+DAG_ID = "regenerate_drafter_data"
+
+pytestmark = pytest.mark.integration
+
+DOOMED = {
+    "command-in-conf": (
+        {"server_launch_command": "sh -c 'echo PWNED-$(id -un) >&2'"},
+        ["`server_launch_command` is a deployment setting", "REGEN_SERVER_LAUNCH_COMMAND"]),
+    "protection-off": (
+        {"protected_prefixes": [], "output_uri": "s3://b/completions/x"},
+        ["`protected_prefixes` is a deployment setting", "`output_uri` is a deployment setting",
+         "REGEN_OUTPUT_ROOT"]),
+    "host-choice": (
+        {"gpu_hosts": [{"host": "10.9.9.9", "ssh_conn_id": "prod_gpu", "gpus": [0]}]},
+        ["`gpu_hosts` is a deployment setting", "REGEN_GPU_HOSTS"]),
+    "file-outside-data-roots": (
+        {"sources": [{"name": "secrets", "path": "/etc/shadow"}]},
+        ["`sources[0].path`: got '/etc/shadow'", "inside the deployment's data roots"]),
+    "backwards-range": (
+        {"shard_range": "5-2"}, ["`shard_range`: '5-2'", "runs backwards", "'2-5'"]),
+    "misspelled": ({"shard_sise": 10}, ["unknown setting `shard_sise`",
+                                        "did you mean `shard_size`"]),
+    "model-not-allowed": ({"model_path": "someone/else"},
+                          ["`model_path`: got 'someone/else'", "REGEN_ALLOWED_MODELS"]),
+    "catalogue-typo": ({"sources": [{"name": "metamath"}]},
+                       ["'metamath' is not in the deployment's source catalogue",
+                        "did you mean `metamathqa`"]),
+}
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory) -> AirflowServer:
+    work = tmp_path_factory.mktemp("trigger-as-a-user")
+    env = deployment_env({"output_root": str(work / "out"),
+                          "server_log_dir": str(work / "server-logs"),
+                          "data_roots": [str(ROOT / "include" / "sample_data")]})
+    with airflow_server(work, users={"alice": "user", "root": "admin"}, command="standalone",
+                        dags_folder=ROOT / "dags", env=env, timeout=240) as server:
+        server.work = work  # type: ignore[attr-defined]
+        admin = server.token("root")
+        deadline = time.monotonic() + 120
+        while server.request(f"/api/v2/dags/{DAG_ID}", token=admin).status != 200:
+            assert time.monotonic() < deadline, "the DAG was never parsed"
+            time.sleep(1)
+        r = server.request(f"/api/v2/dags/{DAG_ID}", method="PATCH", token=admin,
+                           body={"is_paused": False})
+        assert r.status == 200, r.body
+        yield server
+
+
+def _trigger(server: AirflowServer, token: str, conf: dict):
+    return server.request(f"/api/v2/dags/{DAG_ID}/dagRuns", method="POST", token=token,
+                          body={"logical_date": None, "conf": conf})
+
+
+def _wait_finished(server: AirflowServer, token: str, run_ids: list[str]) -> dict[str, str]:
+    deadline = time.monotonic() + 300
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        for run_id in run_ids:
+            q = urllib.parse.quote(run_id, safe="")
+            states[run_id] = server.request(f"/api/v2/dags/{DAG_ID}/dagRuns/{q}",
+                                            token=token).json()["state"]
+        if all(s in ("success", "failed") for s in states.values()):
+            return states
+        time.sleep(2)
+    raise AssertionError(f"runs still going after 300 s: {states}")
+
+
+def test_doomed_confs_fail_in_check_settings_with_their_reason_in_the_task_log(
+    airflow: AirflowServer
+) -> None:
+    token = airflow.token("alice")  # a user who may trigger runs, not an admin
+    run_ids = {}
+    for name, (conf, _) in DOOMED.items():
+        r = _trigger(airflow, token, {"run_name": name.replace("-", "_"), **conf})
+        assert r.status == 200, (name, r.status, r.body[:500])
+        run_ids[name] = r.json()["dag_run_id"]
+    states = _wait_finished(airflow, token, list(run_ids.values()))
+    assert set(states.values()) == {"failed"}, states
+    for name, (_, fragments) in DOOMED.items():
+        q = urllib.parse.quote(run_ids[name], safe="")
+        tis = airflow.request(f"/api/v2/dags/{DAG_ID}/dagRuns/{q}/taskInstances",
+                              token=token).json()["task_instances"]
+        by_task = {ti["task_id"]: ti["state"] for ti in tis}
+        assert by_task["check_settings"] == "failed", (name, by_task)
+        assert by_task["prepare_prompts"] == "upstream_failed", (name, by_task)
+        assert by_task["launch_servers"] in (None, "upstream_failed"), (name, by_task)
+        # Each log line as the UI gets it: the message and the exception's details.
+        log = "\n".join(json.dumps(line, ensure_ascii=False) for line in airflow.request(
+            f"/api/v2/dags/{DAG_ID}/dagRuns/{q}/taskInstances/check_settings/logs/1",
+            token=token, accept="application/json").json()["content"])
+        for fragment in fragments:
+            assert fragment in log, (name, fragment, log[-2000:])
+        assert "PWNED" not in log
+    work: Path = airflow.work  # type: ignore[attr-defined]
+    assert not (work / "out").exists() and not (work / "server-logs").exists()
+
+
+@pytest.mark.parametrize(("conf", "param"), [({"max_tokens": 0}, "max_tokens"),
+                                             ({"run_name": "x\n"}, "run_name"),
+                                             ({"temperature": "hot"}, "temperature")])
+def test_values_the_form_checks_are_refused_by_the_trigger_itself(
+    airflow: AirflowServer, conf, param
+) -> None:
+    r = _trigger(airflow, airflow.token("alice"), conf)
+    assert r.status == 400, (r.status, r.body[:300])
+    assert param in r.body.decode()
