@@ -71,6 +71,8 @@ DEFAULT_ARGS = {
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
     "execution_timeout": timedelta(hours=2),
+    # Tasks log what they did in words; their return values (plans, reports) are for XCom.
+    "show_return_value_in_logs": False,
 }
 #: A mapped shard task's name in the grid, from its own arguments: shown as soon as the task
 #: starts (a name set inside the task body would only show once the task finished).
@@ -221,7 +223,7 @@ def regenerate_drafter_data() -> None:
         """Stop exactly the servers this run started and confirm they are gone."""
         from include.servers.launcher import stop_servers
 
-        print(stop_servers(report).to_dict())
+        print(stop_servers(report).summary())
 
     plan = prepare_prompts()
     check_settings() >> plan

@@ -160,6 +160,11 @@ class StopReport:
     left_behind: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
+    def summary(self) -> str:
+        """Return one line per server, by outcome, for the task log."""
+        lines = [f"{what}: {line}" for what, lines in self.to_dict().items() for line in lines]
+        return "\n".join(lines) or "no server to stop"
+
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
         return {
