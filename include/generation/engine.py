@@ -1,10 +1,16 @@
 """Turn one prompt shard into completions by driving every healthy server at once.
 
-``run_shard`` is the whole engine. It resumes from the shard's journal, computes each
-prompt's token budget from the target tokenizer (the count SGLang makes), skips prompts that
-cannot fit, dispatches the rest over the servers' in-flight windows, retries what can
-succeed, records every finished prompt in the journal as it finishes, and checks at the end
-that every prompt id is accounted for exactly once (completed + skipped + failed).
+``run_shard`` is the whole engine. It resumes from the shard's journal (prompts whose
+journaled failure was retryable are tried again), computes each prompt's token budget from
+the target tokenizer (the count SGLang makes), skips prompts that cannot fit, dispatches the
+rest over the servers' in-flight windows, retries what can succeed, records every finished
+prompt in the journal as it finishes, and checks at the end that every prompt id is
+accounted for exactly once (completed + skipped + failed).
+
+A retryable failure counts against the prompt's ``max_attempts`` only when its server was
+working for others at the time (see ``ServerPool.record_failure``): in a brownout the
+servers rest and the prompts wait for them, instead of using up their attempts. Every retry
+is logged with its reason and server, and counted in the progress line.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import collections
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,74 +28,28 @@ import aiohttp
 
 from include.generation import client as c
 from include.generation.budget import token_budget
+from include.generation.config import EngineConfig
 from include.generation.journal import Journal
+from include.generation.outcome import (
+    COMPLETED,
+    FAILED,
+    SKIPPED,
+    GenerationError,
+    ShardOutcome,
+    check_accounting,
+)
 from include.generation.pool import ServerPool, ServerState
+from include.generation.tally import Tally
+
+__all__ = ["COMPLETED", "FAILED", "SKIPPED", "EngineConfig", "GenerationError", "ShardOutcome",
+           "check_accounting", "run_shard"]
 
 log = logging.getLogger(__name__)
 
-COMPLETED, SKIPPED, FAILED = "completed", "skipped", "failed"
 #: Prompts tokenized per planning step (see ``_Run._plan_more``).
 PLAN_CHUNK = 256
-
-
-class GenerationError(RuntimeError):
-    """The shard cannot go on; finished prompts are safe in the journal."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What the engine needs from the run settings (see ``from_settings``)."""
-
-    model: str
-    context_length: int
-    max_tokens: int
-    context_margin: int
-    min_completion_tokens: int
-    sampling: dict[str, Any]
-    concurrency_mode: str = "adaptive"
-    in_flight_per_server: int = 32
-    min_in_flight_per_server: int = 8
-    max_in_flight_per_server: int = 512
-    request_timeout_s: float = 1800.0
-    connect_timeout_s: float = 10.0
-    max_attempts: int = 4
-    eject_after_failures: int = 3
-    health_interval_s: float = 5.0
-    progress_interval_s: float = 30.0
-    api_key: str | None = None
-    all_down_timeout_s: float = 600.0
-    metrics_interval_s: float = 1.0
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-
-    @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> EngineConfig:
-        """Return the engine configuration of a ``RunSettings``."""
-        values = dict(
-            model=settings.model_name,
-            context_length=settings.context_length,
-            max_tokens=settings.max_tokens,
-            context_margin=settings.context_margin,
-            min_completion_tokens=settings.min_completion_tokens,
-            sampling={
-                "temperature": settings.temperature,
-                "top_p": settings.top_p,
-                "top_k": settings.top_k,
-                "enable_thinking": settings.enable_thinking,
-            },
-            concurrency_mode=settings.concurrency_mode,
-            in_flight_per_server=settings.in_flight_per_server,
-            min_in_flight_per_server=settings.min_in_flight_per_server,
-            max_in_flight_per_server=settings.max_in_flight_per_server,
-            request_timeout_s=settings.request_timeout_s,
-            max_attempts=settings.max_attempts,
-            eject_after_failures=settings.eject_after_failures,
-            health_interval_s=settings.health_interval_s,
-            progress_interval_s=settings.progress_interval_s,
-            api_key=settings.api_key,
-        )
-        values.update(overrides)
-        return cls(**values)
+#: Retry reason of requests taken back from an ejected server.
+SERVER_EJECTED = "server_ejected"
 
 
 @dataclass
@@ -97,52 +57,10 @@ class _Item:
     record: dict[str, Any]
     prompt_tokens: int
     max_tokens: int
+    #: Requests sent for this prompt, and the failures among them counted against it.
     attempts: int = 0
+    charged: int = 0
     length_retried: bool = False
-
-
-@dataclass
-class ShardOutcome:
-    """What a shard run did; ``records`` holds the journal's final line per prompt id."""
-
-    shard_id: str
-    total: int
-    resumed: int
-    records: dict[str, dict[str, Any]]
-    counts: dict[str, int]
-    truncated: int
-    elapsed_s: float
-    output_tokens: int
-    servers: list[dict[str, Any]]
-    #: ``time.monotonic()`` when the run started, and seconds from then to the last dispatch
-    #: (after it only the drain is left: the longest requests finishing).
-    started_monotonic: float = 0.0
-    last_dispatch_s: float = 0.0
-
-    def summary(self) -> str:
-        """Return the one-line result for logs."""
-        return (
-            f"{self.shard_id}: {self.counts[COMPLETED]} completed ({self.truncated} truncated), "
-            f"{self.counts[SKIPPED]} skipped, {self.counts[FAILED]} failed of {self.total} "
-            f"({self.resumed} from the journal) in {self.elapsed_s:.1f}s, "
-            f"{self.output_tokens / max(self.elapsed_s, 1e-9):.0f} output tok/s"
-        )
-
-
-def check_accounting(prompt_ids: Sequence[str], records: dict[str, dict[str, Any]]) -> None:
-    """Raise GenerationError unless every prompt id has exactly one final record."""
-    ids = list(prompt_ids)
-    if len(set(ids)) != len(ids):
-        dupes = [i for i, n in collections.Counter(ids).items() if n > 1][:5]
-        raise GenerationError(f"the shard holds duplicate prompt ids, e.g. {dupes}")
-    id_set = set(ids)
-    missing = [i for i in ids if i not in records][:5]
-    extra = [i for i in records if i not in id_set][:5]
-    bad = [i for i, r in records.items() if r.get("status") not in (COMPLETED, SKIPPED, FAILED)]
-    if missing or extra or bad:
-        raise GenerationError(
-            f"accounting failed: missing {missing}, unknown {extra}, bad status {bad[:5]}"
-        )
 
 
 class _Run:
@@ -168,80 +86,32 @@ class _Run:
         self.unplanned: collections.deque[dict[str, Any]] = collections.deque()
         self.delayed = 0
         self.in_flight = 0
-        self.records: dict[str, dict[str, Any]] = {}
-        self.counts = collections.Counter({COMPLETED: 0, SKIPPED: 0, FAILED: 0})
-        self.truncated = 0
-        self.output_tokens = 0
-        self.completed_here = 0  # completions of this run (not from the journal), for rates
+        self.tally = Tally(shard_id, journal, config.sampling)
         self.fatal: str | None = None
         self.wake = asyncio.Event()
         self.started = time.monotonic()
         self.last_dispatch_s = 0.0
 
-    # --- recording ---------------------------------------------------------------------
-    def _finish(self, record: dict[str, Any]) -> None:
-        self.journal.append(record)
-        self.records[record["id"]] = record
-        self.counts[record["status"]] += 1
-
-    def _skip(self, item: _Item, reason: str, detail: str) -> None:
-        self._finish({"id": item.record["id"], "status": SKIPPED, "reason": reason,
-                      "detail": detail, "prompt_tokens": item.prompt_tokens})
-
-    def _fail(self, item: _Item, result: c.ChatResult) -> None:
-        self._finish({
-            "id": item.record["id"], "status": FAILED, "reason": result.error_kind,
-            "detail": result.error, "server": result.server, "http_status": result.status,
-            "attempts": item.attempts,
-        })
-        log.warning("%s: prompt %s failed on %s after %d attempt(s): %s (HTTP %s) %s",
-                    self.shard_id, item.record["id"], result.server, item.attempts,
-                    result.error_kind, result.status, result.error[:300])
-
-    def _complete(self, item: _Item, result: c.ChatResult, server: ServerState) -> None:
-        rec = item.record
-        out_tokens = int(result.usage.get("completion_tokens") or 0)
-        # The prompt (messages, metadata) is already in the prompt shard; the journal keeps
-        # only what generation added, and the output joins the two.
-        self._finish({
-            "id": rec["id"], "source": rec.get("source"), "status": COMPLETED,
-            "content": result.content, "reasoning_content": result.reasoning_content,
-            "finish_reason": result.finish_reason, "usage": result.usage,
-            "model": result.model, "server": server.url,
-            "sampling": {**self.cfg.sampling, "max_tokens": item.max_tokens},
-            "timings": {"latency_s": round(result.latency_s, 4), "attempts": item.attempts,
-                        "finished_at": round(time.time(), 3)},
-        })
-        if result.finish_reason == "length":
-            self.truncated += 1
-        self.output_tokens += out_tokens
-        self.completed_here += 1
-
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> ShardOutcome:
-        done = self.journal.load()
-        ids = {p["id"] for p in self.prompts}
-        for pid, record in done.items():
-            if pid in ids:
-                self.records[pid] = record
-                self.counts[record["status"]] += 1
-                if record.get("finish_reason") == "length":
-                    self.truncated += 1
-        resumed = len(self.records)
-        todo = [p for p in self.prompts if p["id"] not in self.records]
-        log.info("%s: %d prompts, %d already finished in the journal, %d to generate",
-                 self.shard_id, len(self.prompts), resumed, len(todo))
+        tally = self.tally
+        resumed = tally.resume(p["id"] for p in self.prompts)
+        todo = [p for p in self.prompts if p["id"] not in tally.records]
+        log.info("%s: %d prompts, %d already finished in the journal, %d to generate (%d of "
+                 "them failed retryably before and are tried again)", self.shard_id,
+                 len(self.prompts), resumed, len(todo), tally.retried_failures)
         if todo:
             await self._generate(todo)
+        # The pool is stopped: nothing waits on the loop while the last segment goes out.
         self.journal.flush()
-        check_accounting([p["id"] for p in self.prompts], self.records)
-        elapsed = time.monotonic() - self.started
+        check_accounting([p["id"] for p in self.prompts], tally.records)
         return ShardOutcome(
             shard_id=self.shard_id, total=len(self.prompts), resumed=resumed,
-            records=self.records, counts=dict(self.counts), truncated=self.truncated,
-            elapsed_s=elapsed, output_tokens=self.output_tokens,
+            records=tally.records, counts=dict(tally.counts), truncated=tally.truncated,
+            elapsed_s=time.monotonic() - self.started, output_tokens=tally.output_tokens,
             servers=self._server_stats(), started_monotonic=self.started,
-            last_dispatch_s=self.last_dispatch_s,
+            last_dispatch_s=self.last_dispatch_s, requests=tally.requests,
+            retries=dict(tally.retries), retried_failures=tally.retried_failures,
         )
 
     async def _generate(self, todo: list[dict[str, Any]]) -> None:
@@ -261,9 +131,10 @@ class _Run:
         self.pool = ServerPool(
             self.urls, mode=cfg.concurrency_mode, start_window=cfg.in_flight_per_server,
             min_window=cfg.min_in_flight_per_server, max_window=cfg.max_in_flight_per_server,
-            eject_after_failures=cfg.eject_after_failures,
+            cool_after_failures=cfg.cool_after_failures,
             health_interval_s=cfg.health_interval_s, headers=self.headers,
             metrics_interval_s=cfg.metrics_interval_s, changed=self.wake,
+            cool_down_s=cfg.cool_down_s, cool_down_max_s=cfg.cool_down_max_s,
         )
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             try:
@@ -313,7 +184,8 @@ class _Run:
                                   self.cfg.context_margin, self.cfg.min_completion_tokens)
             item = _Item(record, p_tokens, budget.max_tokens)
             if budget.skip_reason:
-                self._skip(item, budget.skip_reason, budget.detail)
+                self.tally.skip(item.record["id"], item.prompt_tokens, budget.skip_reason,
+                                budget.detail)
             else:
                 self.pending.append(item)
 
@@ -337,20 +209,28 @@ class _Run:
             self.pending or self.unplanned or self.in_flight or self.delayed
         ) and not self.fatal:
             self._fill()
-            if self.pool.healthy_count() == 0 and not self.in_flight:
+            # Resting servers count as down too (a brownout), even with a trial in flight.
+            if self.pool.healthy_count() == 0:
                 all_down_since = all_down_since or time.monotonic()
                 down_for = time.monotonic() - all_down_since
                 if down_for > self.cfg.all_down_timeout_s:
-                    reasons = "; ".join(f"{s.url}: {s.ejected_reason}" for s in self.pool.servers)
+                    reasons = "; ".join(f"{s.url}: {s.state}, {s.ejected_reason or 'failing'}"
+                                        for s in self.pool.servers)
                     self.fatal = (
-                        f"{self.shard_id}: no healthy server for {down_for:.0f}s ({reasons}). "
-                        f"{sum(self.counts.values())} finished prompts are in the journal; "
-                        "fix the servers and run the shard again to resume."
+                        f"{self.shard_id}: no server in rotation for {down_for:.0f}s "
+                        f"({reasons}). {sum(self.tally.counts.values())} finished prompts are in "
+                        "the journal; fix the servers and run the shard again to resume."
                     )
                     break
             else:
                 all_down_since = None
-            self.journal.flush_if_due()
+            try:
+                self.journal.flush_if_due()
+            except Exception as exc:  # a journal write failed: stop, finished work is safe
+                self.fatal = (f"{self.shard_id}: the journal cannot be written ({exc}); "
+                              "prompts finished before are kept, run the shard again to "
+                              "resume.")
+                break
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
@@ -364,24 +244,27 @@ class _Run:
                                 self.cfg.sampling, self.cfg.model)
         task = asyncio.create_task(c.send_chat(session, server.url, request, self.headers,
                                                timeout))
-        server.in_flight += 1
+        seq = self.pool.dispatched(server)
         self.in_flight += 1
+        self.tally.requests += 1
         self.last_dispatch_s = time.monotonic() - self.started
         server.tasks.add(task)
-        task.add_done_callback(lambda t: self._done(t, server, item))
+        task.add_done_callback(lambda t: self._done(t, server, item, seq))
 
-    def _done(self, task: asyncio.Task[c.ChatResult], server: ServerState, item: _Item) -> None:
+    def _done(self, task: asyncio.Task[c.ChatResult], server: ServerState, item: _Item,
+              seq: int) -> None:
         server.in_flight -= 1
         self.in_flight -= 1
         server.tasks.discard(task)
         self.wake.set()
         if task.cancelled():
-            # The pool ejected the server; the attempt does not count against the prompt.
-            item.attempts -= 1
+            # The pool ejected the server (gone); the attempt does not count against the prompt.
+            # One line per ejection names the count: not one per request taken back.
+            self.tally.retries[SERVER_EJECTED] += 1
             self.pending.appendleft(item)
             return
         try:
-            self._handle(task.result(), server, item)
+            self._handle(task.result(), server, item, seq)
             if self.in_flight or self.pending or self.unplanned:
                 self._fill()
         except Exception as exc:  # a callback must never drop a prompt: stop, keep it unfinished
@@ -390,13 +273,14 @@ class _Run:
                               f"prompt {item.record['id']}: {exc}. Finished prompts are in the "
                               "journal; run the shard again to resume.")
                 log.exception("%s", self.fatal)
-            if item.record["id"] not in self.records:
+            if item.record["id"] not in self.tally.records:
                 self.pending.appendleft(item)
 
-    def _handle(self, result: c.ChatResult, server: ServerState, item: _Item) -> None:
+    def _handle(self, result: c.ChatResult, server: ServerState, item: _Item, seq: int) -> None:
         if result.ok:
-            self.pool.record_success(server, int(result.usage.get("completion_tokens") or 0))
-            self._complete(item, result, server)
+            self.pool.record_success(server, int(result.usage.get("completion_tokens") or 0),
+                                     seq)
+            self.tally.complete(item.record, result, server.url, item.max_tokens, item.attempts)
         elif result.error_kind == c.LENGTH:
             self._length_error(item, result)
         elif result.error_kind == c.UNAUTHORIZED:
@@ -406,21 +290,27 @@ class _Run:
                 "api_key and run the shard again (finished prompts are kept)."
             )
             # Not the prompt's fault: leave it unfinished so the re-run sends it again.
-            item.attempts -= 1
             self.pending.appendleft(item)
         elif result.retryable:
-            self.pool.record_failure(server, result.error_kind or "", result.error)
-            if item.attempts >= self.cfg.max_attempts:
-                self._fail(item, result)
-            else:
-                self._retry_later(item)
+            kind = result.error_kind or ""
+            if self.pool.record_failure(server, kind, result.error, item.record["id"], seq):
+                item.charged += 1
+            if item.charged >= self.cfg.max_attempts:
+                self.tally.fail(item.record["id"], result, item.attempts)
+                return
+            self.tally.retries[kind] += 1
+            log.info("%s: retrying prompt %s after %s on %s (HTTP %s, attempt %d, %d/%d "
+                     "counted against it; server %s): %s", self.shard_id, item.record["id"],
+                     kind, server.url, result.status, item.attempts, item.charged,
+                     self.cfg.max_attempts, server.state, result.error[:200])
+            self._retry_later(item)
         else:
-            self._fail(item, result)
+            self.tally.fail(item.record["id"], result, item.attempts)
 
     def _length_error(self, item: _Item, result: c.ChatResult) -> None:
         server_p = c.prompt_tokens_from_length_error(result.error)
         if item.length_retried or server_p is None:
-            self._fail(item, result)
+            self.tally.fail(item.record["id"], result, item.attempts)
             return
         # The server counts P differently from our tokenizer (another chat template?):
         # trust its count, rebudget once, and say so, since it means the counts disagree.
@@ -431,15 +321,20 @@ class _Run:
                               self.cfg.context_margin, self.cfg.min_completion_tokens)
         item.prompt_tokens = server_p
         if budget.skip_reason:
-            self._skip(item, budget.skip_reason, budget.detail + " (server's count)")
+            self.tally.skip(item.record["id"], server_p, budget.skip_reason,
+                            budget.detail + " (server's count)")
             return
         item.max_tokens = budget.max_tokens
         item.length_retried = True
-        item.attempts -= 1
         self.pending.appendleft(item)
 
     def _retry_later(self, item: _Item) -> None:
-        delay = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2 ** (item.attempts - 1))
+        if not item.charged:
+            # The server's fault, not the prompt's: it goes back now, to a server in rotation
+            # (the failing one rests, so there is no storm against it).
+            self.pending.append(item)
+            return
+        delay = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2 ** (item.charged - 1))
         delay *= random.uniform(0.5, 1.5)  # jitter: retries from many prompts do not align
         self.delayed += 1
 
@@ -457,20 +352,8 @@ class _Run:
             self._log_progress()
 
     def _log_progress(self, final: bool = False) -> None:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        finished = sum(self.counts.values())
-        total = len(self.prompts)
-        rate = self.completed_here / elapsed
-        eta = (total - finished) / rate if rate > 0 else float("inf")
-        log.info(
-            "%s %s: %d/%d finished (ok %d, skipped %d, failed %d, truncated %d) | %.2f req/s, "
-            "%.0f output tok/s | ETA %s | in flight %d | servers healthy %d/%d",
-            self.shard_id, "done" if final else "progress", finished, total,
-            self.counts[COMPLETED], self.counts[SKIPPED], self.counts[FAILED], self.truncated,
-            rate, self.output_tokens / elapsed,
-            "-" if eta == float("inf") else f"{eta:.0f}s", self.in_flight,
-            self.pool.healthy_count(), len(self.pool.servers),
-        )
+        self.tally.log_progress(len(self.prompts), time.monotonic() - self.started,
+                                self.in_flight, self.pool.state_counts(), final)
 
     def _server_stats(self) -> list[dict[str, Any]]:
         pool = getattr(self, "pool", None)
@@ -478,8 +361,9 @@ class _Run:
             return []
         return [
             {"url": s.url, "model": s.model, "context_length": s.context_length,
-             "completed": s.completed, "output_tokens": s.output_tokens,
-             "ejections": s.ejections, "healthy": s.healthy, "final_window": s.window}
+             "completed": s.completed, "output_tokens": s.output_tokens, "sent": s.sent,
+             "ejections": s.ejections, "cool_downs": s.cool_downs, "healthy": s.healthy,
+             "final_window": s.window}
             for s in pool.servers
         ]
 
@@ -496,8 +380,8 @@ def run_shard(
 
     ``prompt_tokens`` returns P for a batch of conversations (use
     ``include.tokenization.count_prompt_tokens`` with the target tokenizer). Raises
-    GenerationError on a wrong API key or when no server is healthy for
-    ``all_down_timeout_s``; everything finished before is in the journal and a re-run
-    resumes from it.
+    GenerationError on a wrong API key, a journal that cannot be written, or when no server
+    is in rotation for ``all_down_timeout_s``; everything finished before is in the journal
+    and a re-run resumes from it.
     """
     return asyncio.run(_Run(shard_id, prompts, prompt_tokens, servers, journal, config).run())

@@ -1,38 +1,42 @@
-"""The servers a shard runs against: health, ejection, re-admission and in-flight windows.
+"""The servers a shard runs against: which take work now, which rest, which are gone.
 
-A background monitor polls every server's ``/health``; a server that refuses a connection or
-fails ``eject_after_failures`` requests in a row is ejected at once, its in-flight requests
-are cancelled so the engine sends them elsewhere, and it is re-admitted when ``/health``
-answers 200 again. With ``concurrency_mode: adaptive`` each server's in-flight window follows
-its own queue (``sglang:num_queue_reqs`` from ``/metrics``): it grows while the server's queue
-is empty and the window is full, and shrinks when requests pile up in the queue.
+A server that is alive but misbehaving never loses its in-flight work; only a server that is
+gone does. Three states:
+
+* **in rotation**: takes requests up to its in-flight window.
+* **resting**: it answered ``cool_after_failures`` retryable failures in a row (5xx, timeout,
+  dropped connection, full queue), or its last health probe failed (timeout or not 200). It
+  gets no new requests while its in-flight ones run on. After a failure streak it rests for
+  a cool-down (``cool_down_s``, doubled for each cool-down in a row, at most
+  ``cool_down_max_s``), then takes one trial request; any success puts it back in rotation.
+  After a failed probe it rests until a probe passes.
+* **ejected**: it is gone: it refused a connection, or failed ``PROBES_TO_EJECT`` health
+  probes in a row. Its in-flight requests are cancelled so the engine sends them elsewhere,
+  and it is re-admitted when ``/health`` answers 200 again.
+
+With ``concurrency_mode: adaptive`` each server's in-flight window follows its own queue
+(``sglang:num_queue_reqs`` from ``/metrics``): it grows while the server's queue is empty and
+the window is full, and shrinks when requests pile up in the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from include.generation.client import CONNECT
+from include.generation.window import next_window, parse_metrics
+
 log = logging.getLogger(__name__)
 
-_METRIC_RE = re.compile(r"^(sglang:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+\-]+|NaN)\s*$", re.M)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Return the unlabelled-sum of every ``sglang:*`` gauge/counter in Prometheus text."""
-    out: dict[str, float] = {}
-    for name, value in _METRIC_RE.findall(text):
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
-
+#: Health probes failed in a row (timeout or not 200) after which a server counts as gone.
+#: One failed probe only rests it: a loaded host can miss one without losing its work.
+PROBES_TO_EJECT = 3
 
 @dataclass
 class ServerState:
@@ -40,6 +44,7 @@ class ServerState:
 
     url: str
     window: int
+    #: False once ejected (gone), until /health is 200 again.
     healthy: bool = True
     in_flight: int = 0
     consecutive_failures: int = 0
@@ -49,13 +54,47 @@ class ServerState:
     ejected_reason: str = ""
     completed: int = 0
     output_tokens: int = 0
+    sent: int = 0
+    cool_downs: int = 0
     metrics_available: bool = True
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: True whenever the server is not plainly in rotation (resting or ejected): ``free``
+    #: then looks closer; the common case costs one attribute read.
+    limited: bool = False
+    cool_until: float = 0.0
+    cool_level: int = 0
+    #: ``sent`` when the cool-down began: only a request sent after it can end it.
+    cool_from: int = 0
+    #: ``sent`` of the trial request in flight after a cool-down (0: none).
+    trial: int = 0
+    failed_probes: int = 0
+    #: The first prompt of the current failure streak, and whether the streak holds others.
+    streak_prompt: str | None = None
+    streak_mixed: bool = False
 
     @property
     def free(self) -> int:
         """Return how many more requests this server may take now."""
-        return self.window - self.in_flight if self.healthy else 0
+        if not self.limited:
+            return self.window - self.in_flight
+        if not self.healthy or self.failed_probes or self.trial:
+            return 0
+        return 1 if time.monotonic() >= self.cool_until else 0
+
+    @property
+    def cooling(self) -> bool:
+        """Return whether a failure streak has put the server in a cool-down."""
+        return self.cool_until > 0.0
+
+    @property
+    def state(self) -> str:
+        """Return ``in rotation``, ``resting`` or ``ejected`` (for logs and stats)."""
+        if not self.healthy:
+            return "ejected"
+        return "resting" if self.limited else "in rotation"
+
+    def _update_limited(self) -> None:
+        self.limited = not self.healthy or bool(self.failed_probes) or self.cooling
 
 
 class ServerPool:
@@ -69,30 +108,34 @@ class ServerPool:
         start_window: int,
         min_window: int,
         max_window: int,
-        eject_after_failures: int,
+        cool_after_failures: int,
         health_interval_s: float,
         headers: dict[str, str] | None = None,
         metrics_interval_s: float = 1.0,
         changed: asyncio.Event | None = None,
+        cool_down_s: float = 5.0,
+        cool_down_max_s: float = 30.0,
     ) -> None:
         if not urls:
             raise ValueError("no servers: set server_urls or gpu_hosts")
         self.mode = mode
         self.min_window = min_window
         self.max_window = max_window
-        self.eject_after_failures = eject_after_failures
+        self.cool_after_failures = cool_after_failures
+        self.cool_down_s = cool_down_s
+        self.cool_down_max_s = cool_down_max_s
         self.health_interval_s = health_interval_s
         self.metrics_interval_s = metrics_interval_s
         self.headers = headers or {}
         window = start_window if mode == "fixed" else max(min_window, min(start_window, max_window))
         self.servers = [ServerState(url.rstrip("/"), window) for url in urls]
-        #: Set whenever a server's room changes (ejected, re-admitted, new window).
+        #: Set whenever a server's room changes (rests, ejected, re-admitted, new window).
         self.changed = changed or asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- selection ---------------------------------------------------------------------
     def pick(self) -> ServerState | None:
-        """Return the healthy server with the most free room, or None if all are full."""
+        """Return the server with the most free room, or None if none can take a request."""
         best = None
         best_free = 0
         for server in self.servers:
@@ -101,34 +144,99 @@ class ServerPool:
                 best, best_free = server, free
         return best
 
+    def dispatched(self, server: ServerState) -> int:
+        """Count a request sent to ``server`` (after a cool-down it is the one trial); return
+        its sequence number on that server, for ``record_success``."""
+        server.in_flight += 1
+        server.sent += 1
+        if server.limited:
+            server.trial = server.sent
+        return server.sent
+
     def healthy_count(self) -> int:
-        """Return how many servers are in rotation."""
-        return sum(s.healthy for s in self.servers)
+        """Return how many servers are in rotation (neither resting nor ejected)."""
+        return sum(not s.limited for s in self.servers)
+
+    def state_counts(self) -> dict[str, int]:
+        """Return how many servers are in rotation, resting and ejected."""
+        counts = {"in rotation": 0, "resting": 0, "ejected": 0}
+        for server in self.servers:
+            counts[server.state] += 1
+        return counts
 
     # --- outcomes ------------------------------------------------------------------------
-    def record_success(self, server: ServerState, output_tokens: int) -> None:
-        """Count a completed request."""
+    def record_success(self, server: ServerState, output_tokens: int, seq: int) -> None:
+        """Count a completed request (``seq`` from ``dispatched``).
+
+        A request sent after its server's cool-down began puts the server back in rotation;
+        one sent before proves nothing about now (a brownout starts with old requests
+        still finishing).
+        """
         server.consecutive_failures = 0
         server.completed += 1
         server.output_tokens += output_tokens
+        if server.cooling and seq > server.cool_from:
+            server.cool_until = 0.0
+            server.cool_level = 0
+            server.trial = 0
+            server._update_limited()
+            log.warning("server %s answered again: back in rotation after its cool-down",
+                        server.url)
+            self.changed.set()
 
-    def record_failure(self, server: ServerState, kind: str, message: str) -> None:
-        """Count a retryable failure; eject the server if it looks down."""
-        from include.generation.client import CONNECT, QUEUE_FULL
+    def record_failure(self, server: ServerState, kind: str, message: str, prompt_id: str,
+                       seq: int) -> bool:
+        """Count a retryable failure (``seq`` from ``dispatched``); return whether it counts
+        against the prompt.
 
-        if kind == QUEUE_FULL:
-            return  # a full queue is load, not a fault: back off, keep the server and its work
-        server.consecutive_failures += 1
+        It does only when the server was working for others: not resting, not on its trial
+        request, and not already failing other prompts (a brownout is the server's fault,
+        a prompt that fails alone is the prompt's). Connection refused ejects the server;
+        a failure streak rests it.
+        """
         if kind == CONNECT:
             self.eject(server, f"connection refused ({message})")
-        elif server.consecutive_failures >= self.eject_after_failures:
-            self.eject(server, f"{server.consecutive_failures} failures in a row, last: {message}")
+            return False
+        charged = not server.limited
+        if server.consecutive_failures == 0:
+            server.streak_prompt, server.streak_mixed = prompt_id, False
+        elif prompt_id != server.streak_prompt:
+            server.streak_mixed = True
+        server.consecutive_failures += 1
+        charged = charged and not server.streak_mixed
+        was_trial = seq == server.trial
+        if was_trial:
+            server.trial = 0
+        if server.healthy and (
+            was_trial
+            or (not server.cooling and server.consecutive_failures >= self.cool_after_failures)
+        ):
+            what = ("its trial request failed" if was_trial else
+                    f"{server.consecutive_failures} failures in a row, last")
+            self._cool(server, f"{what}: {kind} {message[:200]}")
+        return charged
+
+    def _cool(self, server: ServerState, reason: str) -> None:
+        pause = min(self.cool_down_max_s, self.cool_down_s * 2 ** server.cool_level)
+        server.cool_level += 1
+        server.cool_downs += 1
+        server.cool_until = time.monotonic() + pause
+        server.cool_from = server.sent
+        server._update_limited()
+        log.warning("server %s rests %.1fs (%s); its %d in-flight requests run on",
+                    server.url, pause, reason, server.in_flight)
+        # Wake the dispatcher when the trial may go, not a polling interval later.
+        try:
+            asyncio.get_running_loop().call_later(pause, self.changed.set)
+        except RuntimeError:
+            pass  # no loop (a unit test driving the pool by hand): nobody waits to be woken
 
     def eject(self, server: ServerState, reason: str) -> None:
-        """Take a server out of rotation and cancel its in-flight requests for re-dispatch."""
+        """Take a gone server out of rotation and cancel its in-flight requests for re-dispatch."""
         if not server.healthy:
             return
         server.healthy = False
+        server._update_limited()
         server.ejections += 1
         server.ejected_reason = reason
         log.warning(
@@ -140,13 +248,38 @@ class ServerPool:
         self.changed.set()
 
     def readmit(self, server: ServerState) -> None:
-        """Put a server back in rotation (its /health answered 200)."""
+        """Put an ejected server back in rotation (its /health answered 200)."""
         server.healthy = True
         server.consecutive_failures = 0
+        server.failed_probes = 0
+        server.cool_until, server.cool_level, server.trial = 0.0, 0, 0
+        server._update_limited()
         if self.mode == "adaptive":
             server.window = max(self.min_window, min(server.window, self.max_window))
         log.warning("server %s re-admitted: /health is 200 again", server.url)
         self.changed.set()
+
+    def probe_result(self, server: ServerState, ok: bool, gone: bool, detail: str) -> None:
+        """Apply one health probe's result (``gone``: the connection was refused)."""
+        if ok:
+            if not server.healthy:
+                self.readmit(server)
+            elif server.failed_probes:
+                server.failed_probes = 0
+                server._update_limited()
+                log.warning("server %s passes its health probe again", server.url)
+                self.changed.set()
+            return
+        if not server.healthy:
+            return
+        server.failed_probes += 1
+        if gone or server.failed_probes >= PROBES_TO_EJECT:
+            self.eject(server, detail if gone else
+                       f"{server.failed_probes} health probes failed in a row, last: {detail}")
+        elif server.failed_probes == 1:
+            server._update_limited()
+            log.warning("server %s: %s; no new requests until a probe passes, its %d "
+                        "in-flight requests run on", server.url, detail, server.in_flight)
 
     # --- background loops ----------------------------------------------------------------
     async def discover(self, session: aiohttp.ClientSession) -> None:
@@ -170,6 +303,7 @@ class ServerPool:
                 raise
             except (TimeoutError, aiohttp.ClientError, ValueError, LookupError, TypeError) as exc:
                 server.healthy = False
+                server._update_limited()
                 server.ejected_reason = f"unreachable at start ({type(exc).__name__})"
                 log.warning("server %s unreachable at start (%s); the health monitor will "
                             "re-admit it when /health is 200", server.url, exc)
@@ -189,8 +323,12 @@ class ServerPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
+    def probe_timeout_s(self) -> float:
+        """Return how long one health probe may take."""
+        return max(2.0, min(10.0, 2 * self.health_interval_s))
+
     async def _health_loop(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(2.0, min(10.0, 2 * self.health_interval_s)))
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s())
         while True:
             await asyncio.sleep(self.health_interval_s)
             await asyncio.gather(*(self._check(session, s, timeout) for s in self.servers))
@@ -198,17 +336,17 @@ class ServerPool:
     async def _check(
         self, session: aiohttp.ClientSession, server: ServerState, timeout: aiohttp.ClientTimeout
     ) -> None:
+        gone = False
         try:
             async with session.get(server.url + "/health", timeout=timeout) as resp:
                 ok = resp.status == 200
                 await resp.read()
                 detail = f"/health answered {resp.status}"
+        except aiohttp.ClientConnectorError as exc:
+            ok, gone, detail = False, True, f"/health refused the connection ({exc.os_error})"
         except (TimeoutError, aiohttp.ClientError) as exc:
             ok, detail = False, f"/health failed ({type(exc).__name__})"
-        if ok and not server.healthy:
-            self.readmit(server)
-        elif not ok and server.healthy:
-            self.eject(server, detail)
+        self.probe_result(server, ok, gone, detail)
 
     async def _metrics_loop(self, session: aiohttp.ClientSession) -> None:
         timeout = aiohttp.ClientTimeout(total=5)
@@ -242,28 +380,3 @@ class ServerPool:
         if new != server.window:
             server.window = new
             self.changed.set()
-
-
-def next_window(
-    window: int, in_flight: int, queue: float, running: float, low: int, high: int
-) -> int:
-    """Return the next in-flight window for a server from its queue and batch sizes.
-
-    The aim is a short, never-empty queue: the batch stays full (a finished request is
-    replaced from the queue at once) without requests waiting for minutes. While the queue is
-    empty and this client uses its window, the server has room: grow by half (slow start).
-    With a short queue below target, grow by a quarter; when the queue is well above target,
-    shrink by half the excess, weighted by this client's share of what the server holds (the
-    other clients sharing it, e.g. other shards in flight, shrink by theirs).
-    """
-    target = max(2.0, running / 16)
-    if queue < 1 and in_flight >= 0.9 * window:
-        window = window + max(2, window // 2)
-    elif queue < target and in_flight >= 0.9 * window:
-        window = window + max(2, window // 4)
-    elif queue > 3 * target:
-        # Several clients (shards in flight) may share this server and all see the same
-        # queue: each takes back only its share of the excess, or together they overshoot.
-        share = in_flight / max(running + queue, in_flight, 1.0)
-        window = window - max(1, int((queue - target) * share / 2))
-    return max(low, min(high, window))

@@ -7,15 +7,10 @@ import logging
 import time
 from typing import Any
 
-from include.generation.engine import (
-    COMPLETED,
-    FAILED,
-    SKIPPED,
-    EngineConfig,
-    check_accounting,
-    run_shard,
-)
+from include.generation.config import EngineConfig
+from include.generation.engine import run_shard
 from include.generation.journal import StoreJournal, merge_lines
+from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_accounting
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
 from include.storage import Store, open_store, sha256_hex
@@ -87,7 +82,8 @@ def generate_shard(
         "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
         "truncated": outcome.truncated, "resumed": outcome.resumed,
         "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
-        "servers": outcome.servers,
+        "requests": outcome.requests, "retries": outcome.retries,
+        "retried_failures": outcome.retried_failures, "servers": outcome.servers,
     }
 
 
@@ -223,7 +219,8 @@ def publish_shard(
     data, manifest = build_shard_output(shard_id, prompts, load_journal_records(store, shard_id))
     if generation and not generation.get("already_done"):
         manifest["generation"] = {k: generation[k] for k in
-                                  ("elapsed_s", "resumed", "output_tokens", "servers")
+                                  ("elapsed_s", "resumed", "output_tokens", "requests",
+                                   "retries", "servers")
                                   if k in generation}
     result = publish_generated_shard(store, shard_index(shard_id), data, manifest)
     log.info("%s: published %d completions (%d skipped, %d failed) to %s", shard_id,

@@ -10,7 +10,7 @@ from include.generation.client import (
     build_body,
     prompt_tokens_from_length_error,
 )
-from include.generation.pool import next_window, parse_metrics
+from include.generation.window import next_window, parse_metrics
 
 # The three texts, verbatim from SGLang (shared/docs/sglang-contract.md).
 TOO_LONG = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."

@@ -24,15 +24,15 @@ def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) ->
     run = _Run("shard-00000", [_prompt(0)], lambda convs: [5] * len(convs), ["http://s"],
                journal, _config())
     run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
-                          max_window=1, eject_after_failures=3, health_interval_s=1)
+                          max_window=1, cool_after_failures=3, health_interval_s=1)
     item = _Item(_prompt(0), 5, 64, attempts=1)
     result = c.ChatResult(server="http://s", status=401, error_kind=c.UNAUTHORIZED,
                           error="Unauthorized")
-    run._handle(result, run.pool.servers[0], item)
+    run._handle(result, run.pool.servers[0], item, 1)
     journal.close()
     assert run.fatal and "api_key" in run.fatal
     assert FileJournal(tmp_path / "j.jsonl").load() == {}
-    assert list(run.pending) == [item] and item.attempts == 0
+    assert list(run.pending) == [item] and item.charged == 0
 
 
 def test_a_failing_tokenizer_loses_no_prompt(tmp_path) -> None:
@@ -42,22 +42,9 @@ def test_a_failing_tokenizer_loses_no_prompt(tmp_path) -> None:
     run = _Run("shard-00000", [], broken, ["http://s"], FileJournal(tmp_path / "j.jsonl"),
                _config())
     run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
-                          max_window=1, eject_after_failures=3, health_interval_s=1)
+                          max_window=1, cool_after_failures=3, health_interval_s=1)
     run.unplanned.extend(_prompt(i) for i in range(3))
     with pytest.raises(RuntimeError, match="template error"):
         run._plan_more()
     assert [p["id"] for p in run.unplanned] == ["p0", "p1", "p2"]
-    assert not run.pending and not run.records
-
-
-def test_queue_full_is_load_not_a_reason_to_eject() -> None:
-    pool = ServerPool(["http://s"], mode="fixed", start_window=4, min_window=1, max_window=8,
-                      eject_after_failures=2, health_interval_s=1)
-    server = pool.servers[0]
-    for _ in range(5):
-        pool.record_failure(server, c.QUEUE_FULL, "The request queue is full.")
-    assert server.healthy
-    for _ in range(2):
-        pool.record_failure(server, c.HTTP_5XX, "boom")
-    assert not server.healthy
-
+    assert not run.pending and not run.tally.records

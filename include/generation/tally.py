@@ -1,0 +1,116 @@
+"""What a shard run has finished so far: each prompt's final record, and the counts.
+
+Every final record goes to the journal as it is made; the counters feed the progress line
+and the shard's outcome.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from include.generation import client as c
+from include.generation.journal import Journal, is_final
+from include.generation.outcome import COMPLETED, FAILED, SKIPPED
+
+log = logging.getLogger(__name__)
+
+
+class Tally:
+    """The final records of one shard run and its counters."""
+
+    def __init__(self, shard_id: str, journal: Journal, sampling: dict[str, Any]) -> None:
+        self.shard_id = shard_id
+        self.journal = journal
+        self.sampling = sampling
+        self.records: dict[str, dict[str, Any]] = {}
+        self.counts = collections.Counter({COMPLETED: 0, SKIPPED: 0, FAILED: 0})
+        self.truncated = 0
+        self.output_tokens = 0
+        self.completed_here = 0  # completions of this run (not from the journal), for rates
+        #: Requests sent, retries by reason, journaled retryable failures tried again.
+        self.requests = 0
+        self.retries: collections.Counter[str] = collections.Counter()
+        self.retried_failures = 0
+
+    def resume(self, ids: Iterable[str]) -> int:
+        """Take the journal's final records of ``ids``; return how many there are.
+
+        A journaled retryable failure is not final: its prompt is generated again.
+        """
+        wanted = set(ids)
+        for pid, record in self.journal.load().items():
+            if pid not in wanted:
+                continue
+            if not is_final(record):
+                self.retried_failures += 1
+                continue
+            self.records[pid] = record
+            self.counts[record["status"]] += 1
+            if record.get("finish_reason") == "length":
+                self.truncated += 1
+        return len(self.records)
+
+    def finish(self, record: dict[str, Any]) -> None:
+        """Journal a prompt's final record and count it."""
+        self.journal.append(record)
+        self.records[record["id"]] = record
+        self.counts[record["status"]] += 1
+
+    def skip(self, prompt_id: str, prompt_tokens: int, reason: str, detail: str) -> None:
+        """Record a prompt that is not sent, and why."""
+        self.finish({"id": prompt_id, "status": SKIPPED, "reason": reason, "detail": detail,
+                     "prompt_tokens": prompt_tokens})
+
+    def fail(self, prompt_id: str, result: c.ChatResult, attempts: int) -> None:
+        """Record a failed prompt (a retryable reason is final for this run only)."""
+        self.finish({
+            "id": prompt_id, "status": FAILED, "reason": result.error_kind,
+            "detail": result.error, "server": result.server, "http_status": result.status,
+            "attempts": attempts,
+        })
+        log.warning("%s: prompt %s failed on %s after %d attempt(s): %s (HTTP %s) %s",
+                    self.shard_id, prompt_id, result.server, attempts, result.error_kind,
+                    result.status, result.error[:300])
+
+    def complete(self, prompt: dict[str, Any], result: c.ChatResult, server: str,
+                 max_tokens: int, attempts: int) -> None:
+        """Record a completion."""
+        # The prompt (messages, metadata) is already in the prompt shard; the journal keeps
+        # only what generation added, and the output joins the two.
+        self.finish({
+            "id": prompt["id"], "source": prompt.get("source"), "status": COMPLETED,
+            "content": result.content, "reasoning_content": result.reasoning_content,
+            "finish_reason": result.finish_reason, "usage": result.usage,
+            "model": result.model, "server": server,
+            "sampling": {**self.sampling, "max_tokens": max_tokens},
+            "timings": {"latency_s": round(result.latency_s, 4), "attempts": attempts,
+                        "finished_at": round(time.time(), 3)},
+        })
+        if result.finish_reason == "length":
+            self.truncated += 1
+        self.output_tokens += int(result.usage.get("completion_tokens") or 0)
+        self.completed_here += 1
+
+    def log_progress(self, total: int, elapsed: float, in_flight: int,
+                     servers: dict[str, int], final: bool = False) -> None:
+        """Log the progress line (``servers``: how many are in each state)."""
+        elapsed = max(elapsed, 1e-9)
+        finished = sum(self.counts.values())
+        rate = self.completed_here / elapsed
+        eta = f"{(total - finished) / rate:.0f}s" if rate > 0 else "-"
+        retries = ", ".join(f"{k} {n}" for k, n in self.retries.most_common())
+        log.info(
+            "%s %s: %d/%d finished (ok %d, skipped %d, failed %d, truncated %d) | %.2f req/s, "
+            "%.0f output tok/s | ETA %s | in flight %d | %d requests, retries %d%s | servers "
+            "in rotation %d/%d, resting %d, ejected %d",
+            self.shard_id, "done" if final else "progress", finished, total,
+            self.counts[COMPLETED], self.counts[SKIPPED], self.counts[FAILED], self.truncated,
+            rate, self.output_tokens / elapsed, eta, in_flight, self.requests,
+            sum(self.retries.values()), f" ({retries})" if retries else "",
+            servers["in rotation"], sum(servers.values()), servers["resting"],
+            servers["ejected"],
+        )

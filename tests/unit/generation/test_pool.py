@@ -1,0 +1,127 @@
+"""The pool's server states: a misbehaving server rests with its work, a gone one is ejected."""
+
+from __future__ import annotations
+
+import asyncio
+
+from include.generation import client as c
+from include.generation.pool import PROBES_TO_EJECT, ServerPool
+
+
+def _pool(cool_down_s: float = 60.0, window: int = 4) -> ServerPool:
+    return ServerPool(["http://a", "http://b"], mode="fixed", start_window=window,
+                      min_window=1, max_window=8, cool_after_failures=3, health_interval_s=1,
+                      cool_down_s=cool_down_s, cool_down_max_s=120.0)
+
+
+async def _in_flight(pool: ServerPool, server, n: int) -> list[asyncio.Task]:
+    tasks = [asyncio.create_task(asyncio.sleep(3600)) for _ in range(n)]
+    for task in tasks:
+        pool.dispatched(server)
+        server.tasks.add(task)
+    return tasks
+
+
+def test_a_failure_streak_rests_the_server_and_keeps_its_in_flight_work() -> None:
+    async def go() -> None:
+        pool = _pool()
+        a = pool.servers[0]
+        tasks = await _in_flight(pool, a, 2)
+        for i, kind in enumerate((c.HTTP_5XX, c.TIMEOUT, c.QUEUE_FULL)):
+            pool.record_failure(a, kind, "boom", f"p{i}", pool.dispatched(a))
+        assert a.state == "resting" and a.free == 0 and a.healthy
+        assert not any(t.cancelled() for t in tasks)
+        assert pool.pick() is pool.servers[1]
+        assert a.cool_downs == 1 and a.ejections == 0
+        for t in tasks:
+            t.cancel()
+    asyncio.run(go())
+
+
+def test_after_a_cool_down_one_trial_goes_and_a_success_ends_the_rest() -> None:
+    async def go() -> None:
+        pool = _pool(cool_down_s=0.0)
+        a = pool.servers[0]
+        old = pool.dispatched(a)  # sent before the streak, still in flight
+        for i in range(3):
+            pool.record_failure(a, c.HTTP_5XX, "boom", f"p{i}", pool.dispatched(a))
+        assert a.free == 1  # the cool-down is over: exactly one trial
+        trial = pool.dispatched(a)
+        assert a.trial and a.free == 0
+        pool.record_failure(a, c.HTTP_5XX, "boom", "p8", old)  # not the trial: no news
+        assert a.cool_downs == 1 and a.free == 0
+        assert pool.record_failure(a, c.HTTP_5XX, "boom", "p9", trial) is False  # trials: free
+        assert a.cool_downs == 2 and a.cool_level == 2
+        trial = pool.dispatched(a)
+        a.in_flight = 0  # the engine's bookkeeping: every request above has come back
+        pool.record_success(a, 10, trial)
+        assert a.state == "in rotation" and a.free == a.window and a.cool_level == 0
+    asyncio.run(go())
+
+
+def test_a_request_sent_before_the_cool_down_cannot_end_it() -> None:
+    async def go() -> None:
+        pool = _pool()
+        a = pool.servers[0]
+        old = pool.dispatched(a)  # sent before the brownout, answered after it began
+        for i in range(3):
+            pool.record_failure(a, c.QUEUE_FULL, "The request queue is full.", f"p{i}",
+                                pool.dispatched(a))
+        a.in_flight -= 1
+        pool.record_success(a, 10, old)
+        assert a.state == "resting" and a.completed == 1
+    asyncio.run(go())
+
+
+def test_only_failures_of_a_working_server_count_against_the_prompt() -> None:
+    pool = _pool()
+    a = pool.servers[0]
+
+    def fails(kind: str, prompt: str) -> bool:
+        return pool.record_failure(a, kind, "boom", prompt, pool.dispatched(a))
+
+    assert fails(c.HTTP_5XX, "poison") is True
+    # The same prompt failing again alone: the prompt's fault (e.g. it crashes the server).
+    assert fails(c.HTTP_5XX, "poison") is True
+    pool.record_success(a, 1, pool.dispatched(a))
+    assert fails(c.TIMEOUT, "p1") is True
+    # A second prompt failing in the same streak: the server is failing everyone.
+    assert fails(c.TIMEOUT, "p2") is False
+    assert fails(c.TIMEOUT, "p1") is False
+
+
+def test_connection_refused_ejects_at_once_and_takes_the_work_back() -> None:
+    async def go() -> None:
+        pool = _pool()
+        a = pool.servers[0]
+        tasks = await _in_flight(pool, a, 3)
+        assert pool.record_failure(a, c.CONNECT, "refused", "p0", 1) is False
+        await asyncio.sleep(0)
+        assert a.state == "ejected" and all(t.cancelled() for t in tasks)
+    asyncio.run(go())
+
+
+def test_failed_probes_rest_a_server_and_only_several_in_a_row_eject_it() -> None:
+    async def go() -> None:
+        pool = _pool()
+        a = pool.servers[0]
+        tasks = await _in_flight(pool, a, 2)
+        for _ in range(PROBES_TO_EJECT - 1):
+            pool.probe_result(a, ok=False, gone=False, detail="/health failed (TimeoutError)")
+        assert a.state == "resting" and a.free == 0
+        pool.probe_result(a, ok=True, gone=False, detail="/health answered 200")
+        assert a.state == "in rotation" and not any(t.cancelled() for t in tasks)
+        for _ in range(PROBES_TO_EJECT):
+            pool.probe_result(a, ok=False, gone=False, detail="/health answered 503")
+        await asyncio.sleep(0)
+        assert a.state == "ejected" and all(t.cancelled() for t in tasks)
+        pool.probe_result(a, ok=True, gone=False, detail="/health answered 200")
+        assert a.state == "in rotation" and a.ejections == 1
+    asyncio.run(go())
+
+
+def test_a_refused_probe_ejects_at_once() -> None:
+    pool = _pool()
+    a = pool.servers[0]
+    pool.probe_result(a, ok=False, gone=True, detail="/health refused the connection")
+    assert a.state == "ejected"
