@@ -23,8 +23,8 @@ class EngineConfig:
     request_timeout_s: float = 1800.0
     connect_timeout_s: float = 10.0
     max_attempts: int = 4
-    #: Retryable failures in a row that rest a server (settings: ``eject_after_failures``).
-    cool_after_failures: int = 3
+    #: Retryable failures in a row that rest a server (setting ``cool_down_after_failures``).
+    cool_down_after_failures: int = 3
     #: First cool-down of a resting server, doubled per cool-down in a row, capped.
     cool_down_s: float = 5.0
     cool_down_max_s: float = 30.0
@@ -57,7 +57,9 @@ class EngineConfig:
             max_in_flight_per_server=settings.max_in_flight_per_server,
             request_timeout_s=settings.request_timeout_s,
             max_attempts=settings.max_attempts,
-            cool_after_failures=settings.eject_after_failures,
+            cool_down_after_failures=settings.cool_down_after_failures,
+            cool_down_s=settings.cool_down_s,
+            cool_down_max_s=settings.cool_down_max_s,
             health_interval_s=settings.health_interval_s,
             progress_interval_s=settings.progress_interval_s,
             api_key=settings.api_key,

@@ -131,7 +131,7 @@ class _Run:
         self.pool = ServerPool(
             self.urls, mode=cfg.concurrency_mode, start_window=cfg.in_flight_per_server,
             min_window=cfg.min_in_flight_per_server, max_window=cfg.max_in_flight_per_server,
-            cool_after_failures=cfg.cool_after_failures,
+            cool_down_after_failures=cfg.cool_down_after_failures,
             health_interval_s=cfg.health_interval_s, headers=self.headers,
             metrics_interval_s=cfg.metrics_interval_s, changed=self.wake,
             cool_down_s=cfg.cool_down_s, cool_down_max_s=cfg.cool_down_max_s,

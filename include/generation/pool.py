@@ -4,7 +4,7 @@ A server that is alive but misbehaving never loses its in-flight work; only a se
 gone does. Three states:
 
 * **in rotation**: takes requests up to its in-flight window.
-* **resting**: it answered ``cool_after_failures`` retryable failures in a row (5xx, timeout,
+* **resting**: it answered ``cool_down_after_failures`` retryable failures in a row (5xx, timeout,
   dropped connection, full queue), or its last health probe failed (timeout or not 200). It
   gets no new requests while its in-flight ones run on. After a failure streak it rests for
   a cool-down (``cool_down_s``, doubled for each cool-down in a row, at most
@@ -108,7 +108,7 @@ class ServerPool:
         start_window: int,
         min_window: int,
         max_window: int,
-        cool_after_failures: int,
+        cool_down_after_failures: int,
         health_interval_s: float,
         headers: dict[str, str] | None = None,
         metrics_interval_s: float = 1.0,
@@ -121,7 +121,7 @@ class ServerPool:
         self.mode = mode
         self.min_window = min_window
         self.max_window = max_window
-        self.cool_after_failures = cool_after_failures
+        self.cool_down_after_failures = cool_down_after_failures
         self.cool_down_s = cool_down_s
         self.cool_down_max_s = cool_down_max_s
         self.health_interval_s = health_interval_s
@@ -209,7 +209,7 @@ class ServerPool:
             server.trial = 0
         if server.healthy and (
             was_trial
-            or (not server.cooling and server.consecutive_failures >= self.cool_after_failures)
+            or (not server.cooling and server.consecutive_failures >= self.cool_down_after_failures)
         ):
             what = ("its trial request failed" if was_trial else
                     f"{server.consecutive_failures} failures in a row, last")

@@ -183,11 +183,19 @@ class RunSettings(BaseModel):
     max_attempts: int = _s(
         "Generation", "Attempts per prompt",
         "Tries for retryable failures (connection, timeout, 5xx, queue full) before the prompt "
-        "is recorded as failed.", 4, ge=1)
-    eject_after_failures: int = _s(
-        "Generation", "Eject after failures",
-        "Consecutive failures that take a server out of rotation until /health is 200 again.",
-        3, ge=1)
+        "is recorded as failed; a failure counts only when its server was serving other "
+        "prompts (a server-wide outage is waited out, not charged to the prompts).", 4, ge=1)
+    cool_down_after_failures: int = _s(
+        "Generation", "Cool down after failures",
+        "Retryable failures in a row (5xx, timeout, queue full) after which a server gets no "
+        "new requests for a cool-down; its in-flight requests run on. A server is taken out "
+        "of rotation (its requests sent elsewhere) only when it is gone: connection refused "
+        "or three failed health probes in a row.", 3, ge=1)
+    cool_down_s: float = _s("Generation", "Cool-down (s)",
+                            "First cool-down of a failing server; doubled for each cool-down "
+                            "in a row, up to cool_down_max_s.", 5.0, ge=0.1)
+    cool_down_max_s: float = _s("Generation", "Longest cool-down (s)",
+                                "Upper bound of a server's cool-down.", 30.0, ge=0.1)
     health_interval_s: float = _s("Generation", "Health check interval (s)",
                                  "How often every server's /health is polled during "
                                  "generation.", 5.0, ge=0.1)
@@ -242,6 +250,9 @@ class RunSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunSettings:
+        if self.cool_down_s > self.cool_down_max_s:
+            raise ValueError(f"setting `cool_down_s`: {self.cool_down_s} is above "
+                             f"`cool_down_max_s` ({self.cool_down_max_s})")
         if self.min_in_flight_per_server > self.max_in_flight_per_server:
             raise ValueError(
                 f"setting `min_in_flight_per_server`: {self.min_in_flight_per_server} is above "

@@ -13,7 +13,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-
 # Without PyTorch (not needed: tokenizers only) transformers logs a "PyTorch was not found"
 # advisory at import, which Airflow's task log shows as an ERROR line in successful tasks.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

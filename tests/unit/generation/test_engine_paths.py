@@ -24,7 +24,7 @@ def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) ->
     run = _Run("shard-00000", [_prompt(0)], lambda convs: [5] * len(convs), ["http://s"],
                journal, _config())
     run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
-                          max_window=1, cool_after_failures=3, health_interval_s=1)
+                          max_window=1, cool_down_after_failures=3, health_interval_s=1)
     item = _Item(_prompt(0), 5, 64, attempts=1)
     result = c.ChatResult(server="http://s", status=401, error_kind=c.UNAUTHORIZED,
                           error="Unauthorized")
@@ -42,7 +42,7 @@ def test_a_failing_tokenizer_loses_no_prompt(tmp_path) -> None:
     run = _Run("shard-00000", [], broken, ["http://s"], FileJournal(tmp_path / "j.jsonl"),
                _config())
     run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
-                          max_window=1, cool_after_failures=3, health_interval_s=1)
+                          max_window=1, cool_down_after_failures=3, health_interval_s=1)
     run.unplanned.extend(_prompt(i) for i in range(3))
     with pytest.raises(RuntimeError, match="template error"):
         run._plan_more()

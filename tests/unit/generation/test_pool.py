@@ -10,7 +10,7 @@ from include.generation.pool import PROBES_TO_EJECT, ServerPool
 
 def _pool(cool_down_s: float = 60.0, window: int = 4) -> ServerPool:
     return ServerPool(["http://a", "http://b"], mode="fixed", start_window=window,
-                      min_window=1, max_window=8, cool_after_failures=3, health_interval_s=1,
+                      min_window=1, max_window=8, cool_down_after_failures=3, health_interval_s=1,
                       cool_down_s=cool_down_s, cool_down_max_s=120.0)
 
 

@@ -109,3 +109,17 @@ def test_a_follower_never_waits_long_for_a_leader_that_is_not_running(settings) 
     t0 = time.monotonic()
     wait_for_progress(store, store, follower, leader, 0.5, stall_s=0.3, poll_s=0.05)
     assert time.monotonic() - t0 < 3
+
+
+def test_a_plan_past_the_map_limit_says_which_shard_ranges_to_run(settings) -> None:
+    from include.prompts.plan import check_map_length
+    from include.prompts.prepare import shard_id
+
+    todo = [shard_id(n) for n in range(3, 1703)]
+    with pytest.raises(SettingsError) as err:
+        check_map_length(settings, todo, 1703, limit=1024)
+    text = str(err.value)
+    assert "1700 of the 1703 shards" in text and "core.max_map_length = 1024" in text
+    assert "shard_range '3-1026', then '1027-1702'" in text
+    assert "AIRFLOW__CORE__MAX_MAP_LENGTH to at least 1700" in text
+    check_map_length(settings, todo[:1024], 1703, limit=1024)  # at the limit: fine

@@ -246,11 +246,12 @@ def test_dedupe_against_an_existing_prompt_set(make_settings, tmp_path) -> None:
     assert [p.name for p in existing.parent.iterdir()] == ["existing.jsonl"]
 
 
-def test_shard_plan_beyond_airflow_map_limit_names_the_setting(make_settings, tmp_path):
+def test_more_shards_than_airflow_maps_at_once_are_prepared(make_settings, tmp_path):
+    # How many of them one run maps is the plan's to check (include/prompts/plan.py).
     path = tmp_path / "mm.json"
     write_json_array(path, list(rows("metamathqa", 1100, dup_share=0)))
-    with pytest.raises(SettingsError, match=r"shard_size.*use shard_size >= 2"):
-        _run(make_settings([{"name": "mm", "path": str(path)}], shard_size=1))
+    manifest, _ = _run(make_settings([{"name": "mm", "path": str(path)}], shard_size=1))
+    assert len(manifest["shards"]) == 1100
 
 
 @pytest.mark.parametrize(
