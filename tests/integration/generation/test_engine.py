@@ -122,7 +122,7 @@ def test_a_hanging_server_times_out_and_its_work_moves_elsewhere(
     prompts = make_prompts(40)
     outcome = run_shard("shard-00000", prompts, [good[0].url, hanging[0].url],
                         FileJournal(tmp_path / "j.jsonl"),
-                        engine_config(request_timeout_s=2, cool_after_failures=2),
+                        engine_config(request_timeout_s=2, cool_down_after_failures=2),
                         token_counter(tokenizer_dir))
     manifest = assert_accounted(prompts, outcome.records)
     assert manifest["counts"]["completed"] == 40
