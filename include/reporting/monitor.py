@@ -30,7 +30,7 @@ from typing import Any
 
 from cachetools import LRUCache, TTLCache
 
-from include.generation.journal import merge_lines
+from include.generation.journal import is_final, merge_lines
 from include.storage import LocalStore, S3Store, Store
 
 #: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
@@ -93,9 +93,11 @@ def journal_rate(finished: list[tuple[float, int]], window_s: float = RATE_WINDO
 
 @dataclass
 class _Part:
-    """The slim content of one journal segment: final status per id, and completions."""
+    """The slim content of one journal segment: status per id, and completions."""
 
     status: dict[str, str] = field(default_factory=dict)
+    #: Ids whose record here is a retryable failure (a later record replaces it).
+    retryable: set[str] = field(default_factory=set)
     finished: list[tuple[float, int, str]] = field(default_factory=list)
 
 
@@ -149,6 +151,8 @@ class RunMonitor:
             merge_lines(self.store.read(key).splitlines(), records)
             for rec in records.values():
                 part.status[rec["id"]] = rec.get("status", "")
+                if not is_final(rec):
+                    part.retryable.add(rec["id"])
                 if rec.get("status") == "completed":
                     finished_at = float((rec.get("timings") or {}).get("finished_at") or 0)
                     tokens = int((rec.get("usage") or {}).get("completion_tokens") or 0)
@@ -224,10 +228,17 @@ class RunMonitor:
                 counts[k] += shard_counts[k]
         for sid in generating:
             status: dict[str, str] = {}
+            retryable: set[str] = set()
             for key in sorted(journals[sid]):
                 part = self._part(base + key)
                 for pid, st in part.status.items():
-                    status.setdefault(pid, st)
+                    # The journal's own rule: the first final record wins, and a retryable
+                    # failure gives way to a later record (the prompt is generated again).
+                    if pid not in status or pid in retryable:
+                        status[pid] = st
+                        retryable.discard(pid)
+                        if pid in part.retryable:
+                            retryable.add(pid)
                 for finished_at, tokens, server in part.finished:
                     finished.append((finished_at, tokens))
                     servers_seen[server] = max(servers_seen.get(server, 0.0), finished_at)

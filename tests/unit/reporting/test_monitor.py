@@ -101,6 +101,30 @@ def test_a_shard_that_started_without_answers_yet_is_generating(tmp_path) -> Non
     assert loc["left"] == ["shard-00000"] and loc["remaining_prompts"] == 8
 
 
+def test_a_retried_failure_counts_once_as_its_later_outcome(tmp_path) -> None:
+    import json
+
+    shards = {"shard-00000": ShardSpec(completed=3)}
+    run = LocalStore(tmp_path / "syn")
+    write_prompts_manifest(run, shards)
+
+    def segment(name: str, records: list[dict]) -> None:
+        run.write_new(f"journal/shard-00000/{name}",
+                      b"".join(json.dumps(r).encode() + b"\n" for r in records))
+
+    # A brownout journaled a retryable failure, a later segment the prompt's completion; a
+    # too-long prompt's skip is final whatever follows.
+    segment("000000.jsonl", [{"id": "a", "status": "failed", "reason": "http_5xx"},
+                             {"id": "b", "status": "skipped", "reason": "prompt_too_long"}])
+    segment("000001.jsonl", [{"id": "a", "status": "completed",
+                              "timings": {"finished_at": T0 + 1},
+                              "usage": {"completion_tokens": 5}, "server": "http://s0:1"},
+                             {"id": "b", "status": "completed"}])
+    loc = RunMonitor(LocalStore(tmp_path)).run_state("syn", now=T0 + 2,
+                                                     probe=False)["locations"][0]
+    assert loc["rows"] == {"completed": 1, "skipped": 1, "failed": 0}
+
+
 # --- which keys the page serves ---------------------------------------------------------------
 @pytest.mark.parametrize("key", [
     "small/report/manual__first_two/report.html",
