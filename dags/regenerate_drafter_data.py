@@ -192,8 +192,11 @@ def regenerate_drafter_data() -> None:
             tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
             return shard_id
 
-        generated = generate(shard_id, servers, outputs_uri, wait_for)
-        tokenize(upload(shard_id, generated, outputs_uri), outputs_uri)
+        # Keyword arguments: the shard names in the grid (SHARD_NAME) read them by name.
+        generated = generate(shard_id=shard_id, servers=servers, outputs_uri=outputs_uri,
+                             wait_for=wait_for)
+        uploaded = upload(shard_id=shard_id, generated=generated, outputs_uri=outputs_uri)
+        tokenize(shard_id=uploaded, outputs_uri=outputs_uri)
 
     @task(outlets=[AssetAlias(DATASET_ALIAS)], retries=0)
     def report(plan: list[dict], launched: dict, params: dict | None = None,
@@ -229,7 +232,8 @@ def regenerate_drafter_data() -> None:
     check_settings() >> plan
     launched = launch_servers(plan)
     waited = ServerHealthSensor.partial(
-        task_id="wait_for_server", deferrable=DEFER_HEALTH_GATE, poke_interval=2
+        task_id="wait_for_server", deferrable=DEFER_HEALTH_GATE, poke_interval=2,
+        map_index_template="{{ task.server['host'] }}:{{ task.server['port'] }}",
     ).expand_kwargs(health_targets(launched))
     servers = preflight(launched, plan)
     waited >> servers

@@ -117,9 +117,26 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     # The servers' key is nowhere a person or another run could read it: not in the task
     # logs, not in any output (report included), not in the run's conf, XCom or any other
     # table of Airflow's database.
-    assert key not in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert key not in out
+    assert "Task failed" not in out  # no task failed and was retried on the way
     assert not [k for k, v in _keys(s3_bucket, "").items() if key.encode() in v]
     assert _airflow_db_holds(airflow_env, key) == []
+    # The grid names each mapped task: shard tasks by shard, health gates by host:port.
+    import sqlite3
+
+    db = sqlite3.connect(Path(airflow_env["AIRFLOW_HOME"]) / "airflow.db")
+    (run_id,) = db.execute("SELECT run_id FROM dag_run ORDER BY id DESC LIMIT 1").fetchone()
+    names = {}
+    for task_id, name in db.execute("SELECT task_id, rendered_map_index FROM task_instance "
+                                    "WHERE run_id = ? AND map_index >= 0", (run_id,)):
+        names.setdefault(task_id, set()).add(name)
+    shard_names = {s["shard_id"] for s in json.loads(
+        _keys(s3_bucket, "runs/expansion_v1/prompts/manifest.json")[
+            "runs/expansion_v1/prompts/manifest.json"])["shards"]}
+    for task_id in ("shard.generate", "shard.upload", "shard.tokenize"):
+        assert names[task_id] == shard_names, (task_id, names[task_id])
+    assert names["wait_for_server"] == {f"127.0.0.1:{run_conf.base + g}" for g in GPUS}
 
     run = _keys(s3_bucket, "runs/expansion_v1/")
     prompts = json.loads(run["runs/expansion_v1/prompts/manifest.json"])
@@ -140,7 +157,7 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     assert completed == total == prompts["totals"]["kept"]
     assert _ports_closed(run_conf.base)
     out = proc.stdout + proc.stderr
-    assert "preflight prompt" in out and "servers healthy" in out
+    assert "preflight prompt" in out and "healthy and serving the run's model" in out
 
 
 def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
