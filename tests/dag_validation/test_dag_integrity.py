@@ -74,3 +74,24 @@ def test_parsing_the_dag_imports_no_heavy_library() -> None:
                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_run_state_is_decided_by_the_work_not_by_the_teardown(dagbag) -> None:
+    # Airflow decides a run's state from its leaves; with the report upstream of the
+    # teardown, a failed shard left the teardown as the only leaf and the run "succeeded".
+    dag = dagbag.dags[DAG_ID]
+    leaves = {t.task_id for t in dag.leaves}
+    assert leaves == {"report", "stop_servers"}
+    assert dag.task_dict["stop_servers"].is_teardown
+    assert dag.task_dict["stop_servers"].on_failure_fail_dagrun
+    assert "shard.tokenize" in dag.task_dict["report"].upstream_task_ids
+
+
+def test_shard_tasks_are_named_from_the_arguments_they_are_called_with(dagbag) -> None:
+    # A map_index_template reads the task's own keyword arguments: a positional call would
+    # leave op_kwargs empty and fail the task after its work was done.
+    dag = dagbag.dags[DAG_ID]
+    for task_id in ("shard.generate", "shard.upload", "shard.tokenize"):
+        task = dag.task_dict[task_id]
+        assert task.map_index_template == "{{ task.op_kwargs['shard_id'] }}"
+        assert "shard_id" in task.op_kwargs and not task.op_args, task_id

@@ -3,27 +3,45 @@
 Static checks only (no Docker engine): docker-compose.yaml is parsed with PyYAML, anchors and
 merge keys resolved, and checked for the services, mounts and variables the DAG relies on;
 .env.example must document every variable the compose file reads; the Dockerfile's base image
-must be the Airflow version requirements.txt pins.
+must be the Airflow version requirements.txt pins. The native tier (scripts/deploy.py, what
+`./dev up` and tests/deployment/ start) must give its components what compose gives its
+services: deploy/airflow.env for both, and the same keys for everything else.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from dotenv import dotenv_values
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
+SHARED_ENV_FILE = "deploy/airflow.env"
 DOCKERFILE = ROOT / "Dockerfile"
 REQUIREMENTS = ROOT / "requirements.txt"
 
 AIRFLOW_HOME = "/opt/airflow"
 CODE_DIRS = ("dags", "include", "plugins")
 AIRFLOW_SERVICES = {"api-server", "scheduler", "dag-processor", "triggerer", "worker"}
+#: Deployment settings a deployment must state (the rest may keep DeploymentSettings' defaults).
+REQUIRED_DEPLOYMENT_SETTINGS = (
+    "output_root", "gpu_hosts", "allowed_models", "data_roots", "protected_prefixes",
+    "sglang_conn_id", "max_active_shards", "defer_health_gate",
+)
+#: Set by compose for one service only, with what the native tier does instead.
+COMPOSE_ONLY = {
+    "DUMB_INIT_SETSID": "the image's init; each native component is a session of its own",
+    "_AIRFLOW_DB_MIGRATE": "the image's entrypoint; scripts/deploy.py runs `airflow db migrate`",
+    "_AIRFLOW_WWW_USER_CREATE": "the image's entrypoint; scripts/deploy.py runs `users create`",
+    "_AIRFLOW_WWW_USER_USERNAME": "the admin user scripts/deploy.py creates",
+    "_AIRFLOW_WWW_USER_PASSWORD": "generated once into var/deploy/tier.json",
+}
 # `${NAME}`, `${NAME:-default}`, `${NAME:?error}`, ...; `$${NAME}` is an escaped literal.
 _VAR_RE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -34,10 +52,30 @@ def compose_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
+def env_files(service: dict[str, Any]) -> list[str]:
+    """Return the env files a service reads (short or long syntax)."""
+    files = service.get("env_file") or []
+    files = [files] if isinstance(files, str) else files
+    return [f["path"] if isinstance(f, dict) else f for f in files]
+
+
 def is_airflow_service(service: dict[str, Any]) -> bool:
-    """Whether a service runs the Airflow image (it carries the common Airflow environment)."""
-    env = service.get("environment") or {}
-    return isinstance(env, dict) and "AIRFLOW__CORE__EXECUTOR" in env
+    """Whether a service runs the Airflow image (it reads the shared Airflow env file)."""
+    return SHARED_ENV_FILE in env_files(service)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Return an env file's assignments, literally (no interpolation), as compose reads it."""
+    return {k: v or "" for k, v in dotenv_values(path, interpolate=False).items()}
+
+
+def service_environment(service: dict[str, Any]) -> dict[str, str]:
+    """Return what a container gets: its env files, then `environment:` over them."""
+    env: dict[str, str] = {}
+    for name in env_files(service):
+        env.update(read_env_file(ROOT / name))
+    env.update({k: str(v) for k, v in (service.get("environment") or {}).items()})
+    return env
 
 
 def mount_targets(service: dict[str, Any]) -> dict[str, str]:
@@ -139,13 +177,13 @@ def test_triggerer_can_import_the_health_trigger(airflow_services) -> None:
     triggerer = airflow_services["triggerer"]
     assert triggerer["command"] == "triggerer"
     assert mount_targets(triggerer).get(f"{AIRFLOW_HOME}/include") == "./include"
-    assert triggerer["environment"]["PYTHONPATH"] == AIRFLOW_HOME
+    assert service_environment(triggerer)["PYTHONPATH"] == AIRFLOW_HOME
     assert (ROOT / "include" / "servers" / "triggers.py").is_file()
 
 
 def test_celery_executor_with_redis_and_postgres(airflow_services) -> None:
     for name, svc in airflow_services.items():
-        env = svc["environment"]
+        env = service_environment(svc)
         assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
         assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://"), name
         assert "@postgres/" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], name
@@ -157,19 +195,20 @@ def test_airflow_services_share_one_secret_set(airflow_services) -> None:
     # Tasks authenticate to the API server with JWTs: every component needs the same secret.
     shared = ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY")
     for key in shared:
-        values = {svc["environment"].get(key) for svc in airflow_services.values()}
+        values = {service_environment(svc).get(key) for svc in airflow_services.values()}
         assert len(values) == 1 and None not in values, f"{key} differs between services"
 
 
-def test_connections_and_dag_settings_reach_the_containers(airflow_services) -> None:
-    for name in ("worker", "triggerer"):
-        env = airflow_services[name]["environment"]
+def test_connections_and_deployment_settings_reach_the_containers(airflow_services) -> None:
+    # The dag-processor too: it parses the DAG, which reads the last two settings.
+    for name in ("worker", "triggerer", "dag-processor"):
+        env = service_environment(airflow_services[name])
         for key in (
             "AIRFLOW_CONN_GPU_HOST_SSH",
             "AIRFLOW_CONN_AWS_DEFAULT",
+            "AIRFLOW_CONN_SGLANG_DEFAULT",
             "HF_TOKEN",
-            "REGEN_MAX_ACTIVE_SHARDS",
-            "REGEN_DEFER_HEALTH_GATE",
+            *(f"REGEN_{s.upper()}" for s in REQUIRED_DEPLOYMENT_SETTINGS),
         ):
             assert key in env, f"{name} lacks {key}"
 
@@ -214,6 +253,147 @@ def test_env_example_documents_each_variable_with_a_comment() -> None:
     for i, line in enumerate(lines):
         if line and not line.startswith("#") and "=" in line:
             assert i > 0 and lines[i - 1].startswith("#"), f"no comment above: {line.split('=')[0]}"
+
+
+# --- compose and the native tier in step ---------------------------------------------------
+@pytest.fixture
+def native_tier(tmp_path: Path):
+    """A native tier with made-up ports and secrets, configured but never started."""
+    from scripts.deploy import Tier
+
+    tier = Tier(tmp_path, api_port=18080)
+    ports = {n: 20000 + i for i, n in enumerate(
+        ["postgres", "redis", "s3", "ssh", "scheduler_health", "triggerer_logs",
+         "worker-1_logs", "worker-2_logs", "port_base"])}
+    tier.config = {"admin_user": "admin", "ports": {**ports, "api": 18080},
+                   "secrets": {k: f"secret-{k}" for k in (
+                       "postgres_password", "fernet_key", "jwt_secret", "api_secret_key",
+                       "admin_password", "s3_password", "sglang_api_key")}}
+    (tmp_path / "connections.json").write_text(json.dumps({"ssh": "{}", "s3": "{}"}))
+    return tier
+
+
+def test_every_airflow_service_reads_the_shared_env_file(services) -> None:
+    # Anything with a database URL is an Airflow service, whatever else it sets.
+    for name, svc in services.items():
+        if "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in (svc.get("environment") or {}):
+            assert env_files(svc) == [SHARED_ENV_FILE], f"{name} reads {env_files(svc)}"
+
+
+def test_shared_env_file_is_literal_and_overridden_nowhere(airflow_services, native_tier) -> None:
+    from scripts.deploy import WORKERS
+
+    shared = read_env_file(ROOT / SHARED_ENV_FILE)
+    assert shared.get("AIRFLOW__CORE__EXECUTOR") == "CeleryExecutor"
+    assert "FabAuthManager" in shared.get("AIRFLOW__CORE__AUTH_MANAGER", "")
+    # The native tier reads it without interpolation: a ${...} would reach Airflow verbatim.
+    assert not [k for k, v in shared.items() if "$" in v], "deploy/airflow.env interpolates"
+    for name, svc in airflow_services.items():
+        overridden = set(shared) & set(svc.get("environment") or {})
+        assert not overridden, f"compose's {name} overrides {sorted(overridden)}"
+    for component in ("api-server", *WORKERS):
+        native = {**native_tier.deployment_environment({"ssh": "", "s3": ""}),
+                  **native_tier.native_environment(component)}
+        assert not set(shared) & set(native), f"the native {component} overrides it"
+        env = native_tier.component_environment(component)
+        assert {k: env[k] for k in shared} == shared
+
+
+def test_native_tier_sets_every_key_compose_sets(airflow_services, native_tier) -> None:
+    from scripts.deploy import NATIVE_ONLY
+
+    native = set(native_tier.deployment_environment({"ssh": "", "s3": ""}))
+    common = set(airflow_services["scheduler"]["environment"])
+    assert native == common, (f"only compose: {sorted(common - native)}; "
+                              f"only native: {sorted(native - common)}")
+    for name, svc in airflow_services.items():
+        extra = set(svc["environment"]) - common
+        assert extra <= set(COMPOSE_ONLY), f"{name} sets {sorted(extra - set(COMPOSE_ONLY))}"
+    assert not set(NATIVE_ONLY) & (common | set(read_env_file(ROOT / SHARED_ENV_FILE)))
+
+
+def test_native_only_settings_are_the_declared_ones(native_tier) -> None:
+    from scripts.deploy import COMMANDS, NATIVE_ONLY
+
+    for component in COMMANDS:
+        undeclared = set(native_tier.native_environment(component)) - set(NATIVE_ONLY)
+        assert not undeclared, f"{component}: {sorted(undeclared)} not in NATIVE_ONLY"
+
+
+def test_nothing_of_the_callers_environment_reaches_a_component(native_tier, monkeypatch) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+    monkeypatch.setenv("REGEN_PORT_BASE", "1")
+    env = native_tier.component_environment("scheduler")
+    assert "AIRFLOW__CORE__UNIT_TEST_MODE" not in env
+    assert env["REGEN_PORT_BASE"] == "20008"
+
+
+def test_native_components_run_what_compose_services_run(airflow_services) -> None:
+    from scripts.deploy import COMMANDS, WORKERS
+
+    compose = {name: airflow_services[name]["command"].split() for name in AIRFLOW_SERVICES}
+    for name, command in compose.items():
+        native = [c for c in COMMANDS.values() if c[:len(command)] == command]
+        assert native, f"no native component runs compose's {name}: {' '.join(command)}"
+    for name, command in COMMANDS.items():
+        assert any(command[:len(c)] == c for c in compose.values()), name
+    assert len(WORKERS) >= 2 and all(COMMANDS[w][:2] == ["celery", "worker"] for w in WORKERS)
+
+
+def test_compose_deployment_settings_are_known_and_their_defaults_agree(
+    airflow_services, monkeypatch
+) -> None:
+    from include.settings import DeploymentSettings, env_name
+
+    env = airflow_services["scheduler"]["environment"]
+    fields = DeploymentSettings.model_fields
+    regen = {k: v for k, v in env.items() if k.startswith("REGEN_")}
+    unknown = sorted(set(regen) - {env_name(f) for f in fields})
+    assert not unknown, f"compose sets REGEN_* that are no deployment setting: {unknown}"
+    for setting in REQUIRED_DEPLOYMENT_SETTINGS:
+        assert env_name(setting) in regen, f"compose does not set {env_name(setting)}"
+    for key, value in regen.items():
+        default = re.fullmatch(rf"\$\{{{key}:-(.*)\}}", value)
+        if default:  # compose's fallback must be DeploymentSettings' own default
+            setting = key.removeprefix("REGEN_").lower()
+            monkeypatch.setenv(key, default.group(1))
+            got = getattr(DeploymentSettings(), setting)
+            monkeypatch.delenv(key)
+            assert got == fields[setting].get_default(call_default_factory=True), key
+        else:
+            assert re.fullmatch(rf"\$\{{{key}:\?.+\}}", value), f"{key}: {value}"
+
+
+def test_env_example_deployment_settings_are_valid(monkeypatch) -> None:
+    from include.settings import DeploymentSettings
+
+    example = read_env_file(ENV_EXAMPLE)
+    for key, value in example.items():
+        if key.startswith("REGEN_"):
+            monkeypatch.setenv(key, value)
+    settings = DeploymentSettings.load()
+    settings.check()
+    assert settings.output_root.startswith("s3://")
+    for host in settings.gpu_hosts:
+        assert f"AIRFLOW_CONN_{host.ssh_conn_id.upper()}" in example, host
+
+
+def test_servers_api_key_is_the_password_of_the_sglang_connection(
+    airflow_services, native_tier
+) -> None:
+    env = airflow_services["worker"]["environment"]
+    conn_id = re.fullmatch(r"\$\{REGEN_SGLANG_CONN_ID:-(.+)\}", env["REGEN_SGLANG_CONN_ID"])
+    assert conn_id, env["REGEN_SGLANG_CONN_ID"]
+    key = f"AIRFLOW_CONN_{conn_id.group(1).upper()}"
+    assert re.fullmatch(rf"\$\{{{key}:\?.+\}}", env.get(key, "")), f"compose: {env.get(key)}"
+    native = native_tier.deployment_environment({"ssh": "", "s3": ""})
+    assert native["REGEN_SGLANG_CONN_ID"] == conn_id.group(1)
+    assert json.loads(native[key])["password"] == native_tier.config["secrets"]["sglang_api_key"]
+
+
+def test_obsolete_monitor_variables_are_gone(compose_text: str) -> None:
+    for text in (compose_text, ENV_EXAMPLE.read_text()):
+        assert "REGEN_MONITOR_" not in text
 
 
 # --- the Dockerfile ------------------------------------------------------------------------

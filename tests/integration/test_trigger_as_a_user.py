@@ -45,6 +45,16 @@ DOOMED = {
     "catalogue-typo": ({"sources": [{"name": "metamath"}]},
                        ["'metamath' is not in the deployment's source catalogue",
                         "did you mean `metamathqa`"]),
+    "missing-file": (
+        {"sources": [{"name": "mine", "path": str(ROOT / "include/sample_data/gone.jsonl")}]},
+        ["`sources[0]` (mine)", "gone.jsonl", "does not exist"]),
+    "unreadable-dedupe": (
+        {"dedupe_against": [str(ROOT / "include/sample_data/none")]},
+        ["`dedupe_against[0]`", "does not exist or holds no .jsonl/.json files"]),
+    "wrong-layout": (
+        {"sources": [{"name": "mine", "kind": "metamathqa",
+                      "path": str(ROOT / "include/sample_data/codefeedback.jsonl")}]},
+        ["`sources[0]` (mine)", "kind 'metamathqa' needs columns"]),
 }
 
 
