@@ -154,12 +154,13 @@ def _summary(mirror: Path, returncode: int, untouched: bool, work: Path) -> None
         tok = json.loads(tok_path.read_text()) if tok_path.exists() else None
         tokens = f"{tok['tokens']['total']} tokens ({tok['tokens']['loss']} trained)" if tok \
             else "not tokenized"
-        print(f"  {g['shard_id']}: {g['counts']} truncated {g['truncated']} -> {tokens}")
-    report = mirror / "report"
-    if report.exists():
+        c = g["counts"]
+        print(f"  {g['shard_id']}: {c['completed']} completed ({g['truncated']} cut by "
+              f"max_tokens), {c['skipped']} skipped, {c['failed']} failed -> {tokens}")
+    for report in sorted((mirror / "report").glob("*/report.html")):
         print(f"report:           {report}")
-    print("open the UI:      AIRFLOW_HOME=.airflow PYTHONPATH=. .venv/bin/airflow standalone"
-          "  (then http://127.0.0.1:8080, DAG regenerate_drafter_data)")
+    print("open the UI:      ./dev ui   (then http://127.0.0.1:8080, DAG "
+          "regenerate_drafter_data)")
 
 
 if __name__ == "__main__":

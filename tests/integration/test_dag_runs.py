@@ -61,6 +61,7 @@ def test_a_doomed_run_fails_in_check_settings_before_any_work(
 ) -> None:
     deployment = {k: v.replace("{tmp}", str(tmp_path)) for k, v in deployment.items()}
     deployment.setdefault("output_root", str(tmp_path / "out"))
+    deployment.setdefault("data_roots", [str(ROOT / "include" / "sample_data")])
     proc = dags_test(airflow_env, conf, raw=True,
                      deployment={**deployment, "server_log_dir": str(tmp_path / "logs"),
                                  "port_base": free_port_block(8)})
