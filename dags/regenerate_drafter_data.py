@@ -55,6 +55,8 @@ from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
 from include.settings.params import airflow_params
 
+DAG_ID = "regenerate_drafter_data"
+
 # The two deployment settings that are task arguments, hence read when the file is parsed
 # (environment only: no connection, no network).
 #: Shards generated at once per run; they share the servers, so one shard's drain overlaps
@@ -82,7 +84,7 @@ SHARD_TIMEOUT = timedelta(hours=6)
 
 
 @dag(
-    dag_id="regenerate_drafter_data",
+    dag_id=DAG_ID,
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
@@ -157,8 +159,14 @@ def regenerate_drafter_data() -> None:
         @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, execution_timeout=SHARD_TIMEOUT,
               map_index_template=SHARD_NAME)
         def generate(shard_id: str, servers: list[str], outputs_uri: str,
-                     wait_for: dict | None, params: dict | None = None) -> dict:
-            """Generate the shard's completions into its journal (resumes after a retry)."""
+                     wait_for: dict | None, params: dict | None = None,
+                     run_id: str | None = None) -> dict:
+            """Generate the shard's completions into its journal (resumes after a retry).
+
+            One run at a time per shard: a run that claimed it earlier and is still live
+            goes first (a backfill overlapping a running run waits instead of duplicating).
+            """
+            from include.generation.claims import airflow_run_is_live
             from include.generation.shard import generate_shard
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
@@ -166,7 +174,8 @@ def regenerate_drafter_data() -> None:
             settings = RunSettings.from_mapping(params)
             return generate_shard(settings, shard_id, servers,
                                   open_run_store(settings, outputs_uri), open_run_store(settings),
-                                  wait_for)
+                                  wait_for, run_id=run_id,
+                                  is_live=airflow_run_is_live(DAG_ID))
 
         @task(map_index_template=SHARD_NAME)
         def upload(shard_id: str, generated: dict, outputs_uri: str,
