@@ -53,14 +53,18 @@ class GateResult:
     @property
     def message(self) -> str:
         """Return one line naming the gate, the measured value, the threshold and the shards."""
-        verb = "at most" if self.name.startswith("max_") else "at least"
         ratio = (f" ({self.numerator}/{self.denominator})"
                  if self.denominator is not None else "")
-        where = ", ".join(f"{c['name']}: {c['count']}" for c in self.contributors) or "-"
-        label = "most from" if self.name.startswith("max_") else "short"
+        where = ", ".join(f"{c['name']}: {c['count']}" for c in self.contributors)
         state = "ok" if self.passed else "FAILED"
-        return (f"{state} {self.name}: measured {_fmt(self.measured)}{ratio}, must be {verb} "
-                f"{_fmt(self.threshold)}; {label}: {where}")
+        if self.name.startswith("max_"):
+            rule = f"at most {_fmt(self.threshold)} allowed"
+            where = f"; most from {where}" if where else ""
+        else:
+            rule = (f"at least {_fmt(self.threshold)} required" if self.threshold
+                    else "no minimum set")
+            where = f"; short: {where}" if where else ""
+        return f"{state} {self.name}: measured {_fmt(self.measured)}{ratio}, {rule}{where}"
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data including the message."""

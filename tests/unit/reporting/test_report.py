@@ -137,3 +137,16 @@ def test_throughput_drains_and_servers(store, settings) -> None:
     assert tp["drains"]["run_drain_s"] == pytest.approx(2.0)
     assert r["servers"] == {"models": ["m"], "context_length": settings.context_length,
                             "context_length_from": "settings", "ejections": None}
+
+
+def test_gate_lines_are_worded_for_their_direction() -> None:
+    from include.reporting.gates import GateResult
+
+    off = GateResult("min_completions_per_source", 0, 0, True, None, None)
+    assert off.message == "ok min_completions_per_source: measured 0, no minimum set"
+    short = GateResult("min_completions_per_source", 5, 3, False, None, None,
+                       [{"name": "gamma", "count": 3}])
+    assert short.message == ("FAILED min_completions_per_source: measured 3, at least 5 "
+                             "required; short: gamma: 3")
+    cap = GateResult("max_truncation_rate", 0.2, 0.05, True, 1, 20)
+    assert cap.message == "ok max_truncation_rate: measured 0.05 (1/20), at most 0.2 allowed"
