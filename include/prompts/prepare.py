@@ -1041,6 +1041,10 @@ def _source_bytes(source: SourceSettings) -> float:
         return 0  # reported by the read itself, in its turn
 
 
+#: Widest line of the funnel table (a task log viewed at 120 columns).
+FUNNEL_WIDTH = 120
+
+
 def format_funnel(manifest: dict[str, Any]) -> str:
     """Return the manifest's funnel as a fixed-width table (one row per source)."""
     reasons = [
@@ -1063,13 +1067,34 @@ def format_funnel(manifest: dict[str, Any]) -> str:
             ),
         ]
     )
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(
-            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+    # Headers on two lines, split at the underscore nearest their middle, and the columns in
+    # blocks (each repeating the source) so that every line fits a 120-column log view.
+    heads = [_split_header(h) for h in header]
+    lines = [[h[0] for h in heads], [h[1] for h in heads], *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    blocks: list[list[int]] = [[]]
+    used = widths[0]
+    for i in range(1, len(header)):
+        if blocks[-1] and used + 2 + widths[i] > FUNNEL_WIDTH:
+            blocks.append([])
+            used = widths[0]
+        blocks[-1].append(i)
+        used += 2 + widths[i]
+    return "\n\n".join(
+        "\n".join(
+            "  ".join([r[0].ljust(widths[0]), *(r[i].rjust(widths[i]) for i in block)]).rstrip()
+            for r in lines
         )
-        for r in [header, *rows]
+        for block in blocks
     )
+
+
+def _split_header(name: str) -> tuple[str, str]:
+    cuts = [i for i, ch in enumerate(name) if ch == "_"]
+    if not cuts:
+        return "", name
+    cut = min(cuts, key=lambda i: abs(2 * i - len(name)))
+    return name[: cut + 1], name[cut + 1 :]
 
 
 def read_shard(store: Store, index: int) -> list[dict[str, Any]]:
