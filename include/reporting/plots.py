@@ -55,7 +55,7 @@ def length_histograms(values: dict[str, list[int]], title: str, unit: str) -> by
 def throughput_plot(throughput: dict[str, Any]) -> bytes:
     """Return a PNG of output tokens/s over time, all servers and each server."""
     fig, (ax,) = _figure(1, "Output tokens/s over time")
-    fig.set_size_inches(8, 3.4)
+    fig.set_size_inches(10, 3.6)
     timeline = throughput.get("timeline") or []
     if not timeline:
         ax.text(0.5, 0.5, "no completions in this run", ha="center", va="center")
@@ -68,9 +68,14 @@ def throughput_plot(throughput: dict[str, Any]) -> bytes:
         for srv in sorted(timeline[0]["per_server"]):
             ys = [p["per_server"][srv] for p in timeline]
             ax.step(t, ys + ys[-1:], where="post", label=srv, linewidth=0.8)
+        for n, gap in enumerate(throughput.get("no_request_in_flight") or []):
+            ax.axvspan(gap["from_s"], gap["to_s"], color="#bbbbbb", alpha=0.5, linewidth=0,
+                       label="no request in flight (between shards)" if n == 0 else None)
         ax.set_xlabel(f"seconds since the first request (bins of {throughput['bin_s']:g} s)")
-        ax.set_ylabel("output tokens/s")
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_ylabel("output tokens/s (all servers, and each)")
+        ax.set_ylim(bottom=0)
+        # Outside the axes: a legend over the lines hides the data it explains.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _png(fig)
 
 

@@ -242,8 +242,23 @@ def _throughput(produced: list[ShardFacts]) -> dict[str, Any]:
         "start": round(start, 3), "end": round(end, 3), "wall_s": round(wall, 3),
         "output_tokens": out_tokens, "output_tokens_per_s": round(out_tokens / wall, 2),
         "bin_s": bin_s, "timeline": timeline, "per_server": per_server, "drains": drains,
-        "retries": retries,
+        "retries": retries, "no_request_in_flight": _gaps(comps, start),
     }
+
+
+def _gaps(comps: list[Any], start: float, min_s: float = 0.5) -> list[dict[str, float]]:
+    """Return the spans (seconds from ``start``) when no request was in flight on any server.
+
+    Such a span is time between shards (no shard task running: the scheduler, a worker slot,
+    a staggered start), told apart from a server idling while others work.
+    """
+    spans = sorted((c.finished_at - c.latency_s, c.finished_at) for c in comps)
+    gaps, reach = [], spans[0][1]
+    for lo, hi in spans[1:]:
+        if lo - reach >= min_s:
+            gaps.append({"from_s": round(reach - start, 3), "to_s": round(lo - start, 3)})
+        reach = max(reach, hi)
+    return gaps
 
 
 def _ejections(generate_results: list[dict[str, Any]] | None) -> dict[str, int] | None:
