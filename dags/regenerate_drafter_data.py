@@ -242,6 +242,9 @@ def regenerate_drafter_data() -> None:
     launched = launch_servers(plan)
     waited = ServerHealthSensor.partial(
         task_id="wait_for_server", deferrable=DEFER_HEALTH_GATE, poke_interval=2,
+        # A failed gate (process exited, wrong model or context length, launch timeout) is not
+        # helped by waiting again: the server is not relaunched by a retry of its gate.
+        retries=0,
         map_index_template="{{ task.server['host'] }}:{{ task.server['port'] }}",
     ).expand_kwargs(health_targets(launched))
     servers = preflight(launched, plan)
