@@ -60,6 +60,19 @@ def form_schemas() -> dict[str, dict[str, Any]]:
     return out
 
 
+def _optional_in_form(schema: dict[str, Any]) -> None:
+    """Let a field be emptied: every run setting has a default, and null means "the default".
+
+    Airflow's form marks a field whose type does not admit null as required; none is.
+    """
+    kind = schema.get("type")
+    if kind == "boolean" or (isinstance(kind, list) and "null" in kind):
+        return  # a switch is never empty; already optional
+    schema["type"] = [kind, "null"]
+    if "enum" in schema:
+        schema["enum"] = [*schema["enum"], None]
+
+
 def airflow_params() -> dict[str, Any]:
     """Return the DAG's trigger form: one typed ``Param`` per run setting.
 
@@ -71,6 +84,7 @@ def airflow_params() -> dict[str, Any]:
     params: dict[str, Any] = {}
     for name, prop in form_schemas().items():
         schema = {k: prop[k] for k in _FORM_KEYS if k in prop}
+        _optional_in_form(schema)
         params[name] = Param(prop.get("default"), title=prop["title"],
                              description=prop["description"], section=prop["section"], **schema)
     return params

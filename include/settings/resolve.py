@@ -48,7 +48,7 @@ def _is_local_path(location: str) -> bool:
 def _resolve_sources(
     run: RunSettings, d: DeploymentSettings
 ) -> tuple[list[SourceSettings], list[str]]:
-    if run.sources is None:
+    if not run.sources:  # null or [] (an emptied form field): the whole catalogue
         return list(d.source_catalogue.values()), []
     out: list[SourceSettings] = []
     problems: list[str] = []

@@ -22,6 +22,8 @@ DAG_ID = "regenerate_drafter_data"
 
 pytestmark = pytest.mark.integration
 
+SECTIONS = ("Sources", "Preparation", "Model and servers", "Sampling", "Generation", "Shards",
+            "Output", "Tokenization", "Quality gates")
 DOOMED = {
     "command-in-conf": (
         {"server_launch_command": "sh -c 'echo PWNED-$(id -un) >&2'"},
@@ -136,3 +138,42 @@ def test_values_the_form_checks_are_refused_by_the_trigger_itself(
     r = _trigger(airflow, airflow.token("alice"), conf)
     assert r.status == 400, (r.status, r.body[:300])
     assert param in r.body.decode()
+
+
+def test_the_trigger_form_shows_run_settings_only(airflow: AirflowServer, tmp_path) -> None:
+    from tests.integration.plugins.browser import Browser, chromium_path
+
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("chromium is not installed (./dev setup installs it)")
+    artifacts = ROOT / "var" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with Browser(exe, tmp_path / "profile", width=1400, height=1000) as browser:
+        browser.goto(airflow.base + f"/dags/{DAG_ID}",
+                     until="document.querySelector('input[name=password]')")
+        browser.type_into("input[name=username]", "alice")
+        browser.type_into("input[name=password]", airflow.passwords["alice"])
+        browser.click("button[type=submit]")
+        browser.wait_for("[...document.querySelectorAll('button')].some("
+                         "b => b.textContent.trim() === 'Trigger')")
+        browser.evaluate("[...document.querySelectorAll('button')].find("
+                         "b => b.textContent.trim() === 'Trigger').click()")
+        browser.wait_for("document.body.innerText.includes('Quality gates')")
+        # Open every section of the form, as a user would to see its fields.
+        text = browser.text()
+        # A section opens on a click and shows its fields.
+        trigger = 'button[data-part="item-trigger"][id$="trigger:Sources"]'
+        browser.press(trigger)
+        browser.wait_for("document.body.innerText.includes('Dedupe against')")
+        browser.screenshot(artifacts / "trigger_form.png", full_page=False)
+    # The form is built from the DAG's params: exactly the run settings, and no deployment
+    # setting (hosts, commands, credentials, protected locations).
+    from include.settings import DeploymentSettings, RunSettings
+
+    params = airflow.request(f"/api/v2/dags/{DAG_ID}/details",
+                             token=airflow.token("alice")).json()["params"]
+    assert set(params) == set(RunSettings.model_fields)
+    assert not set(params) & set(DeploymentSettings.model_fields)
+    for section in SECTIONS:
+        assert section in text, section
+    assert "Advanced Options" in text

@@ -135,6 +135,24 @@ class Browser:
                              f"(document.querySelector({json.dumps(selector)}))"):
             raise BrowserError(f"no element {selector} at {self.url()}")
 
+    def press(self, selector: str) -> None:
+        """Click the element matching ``selector`` with real mouse events at its centre.
+
+        For widgets that listen to pointer events rather than ``click`` (Ark UI accordions,
+        as in Airflow's trigger form).
+        """
+        box = self.evaluate(
+            f"(e => {{ if (!e) return null; e.scrollIntoView({{block: 'center'}}); "
+            f"const r = e.getBoundingClientRect(); return [r.x + r.width / 2, "
+            f"r.y + r.height / 2]; }})(document.querySelector({json.dumps(selector)}))")
+        if not box:
+            raise BrowserError(f"no element {selector} at {self.url()}")
+        x, y = box
+        self.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        for kind in ("mousePressed", "mouseReleased"):
+            self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
+                      clickCount=1)
+
     def dark_mode(self, on: bool = True) -> None:
         """Emulate the system's dark (or light) colour scheme preference."""
         self.send("Emulation.setEmulatedMedia", features=[

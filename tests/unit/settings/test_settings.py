@@ -160,6 +160,16 @@ def test_values_from_a_form_or_cli_are_coerced() -> None:
 
 def test_none_means_default_so_empty_form_fields_work() -> None:
     assert RunSettings.from_mapping({"max_prompt_length": None, "seed": None}).seed == 0
+    emptied = RunSettings.from_mapping({name: None for name in RunSettings.model_fields})
+    assert emptied == RunSettings.from_mapping({})
+    for p in airflow_params().values():
+        if p.schema["type"] != "boolean":
+            p.resolve(None)  # the form accepts an emptied field
+
+
+def test_an_empty_source_list_means_the_whole_catalogue() -> None:
+    assert RunSettings.from_mapping({"sources": []}).sources == RunSettings.from_mapping(
+        {}).sources
 
 
 def test_round_trip_through_dict() -> None:
@@ -182,8 +192,10 @@ def test_trigger_form_has_one_typed_param_per_run_setting_and_no_deployment_sett
     assert list(params) == list(RunSettings.model_fields)
     assert not set(params) & set(DeploymentSettings.model_fields)
     schema = params["max_tokens"].schema
-    assert schema["type"] == "integer" and schema["minimum"] == 1
-    assert params["concurrency_mode"].schema["enum"] == ["adaptive", "fixed"]
+    # Optional in the form (no required mark): null means the default.
+    assert schema["type"] == ["integer", "null"] and schema["minimum"] == 1
+    assert params["concurrency_mode"].schema["enum"] == ["adaptive", "fixed", None]
+    assert params["enable_thinking"].schema["type"] == "boolean"
     assert params["tokenizer_path"].schema["type"] == ["string", "null"]
     assert params["sources"].schema["items"]["properties"]["kind"]["enum"][0] == "auto"
     sections = [p.schema["section"] for p in params.values()]
