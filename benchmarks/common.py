@@ -129,6 +129,8 @@ def bench_settings(values: dict, **deployment: object):
     from include.settings import DeploymentSettings, RunSettings
 
     model = values.get("model_path", "Qwen/Qwen3.6-27B")
+    # No catalogue: a benchmark names its own sources with their paths.
     dep = DeploymentSettings(**{"data_roots": ["/"], "allowed_models": [model],
-                                "sglang_conn_id": "bench_no_key", **deployment})
+                                "sglang_conn_id": "bench_no_key", "source_catalogue": {},
+                                **deployment})
     return RunSettings.from_mapping(values, dep)
