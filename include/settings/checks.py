@@ -21,10 +21,6 @@ from include.settings.run import PREPARATION_SETTINGS, RunSettings
 
 log = logging.getLogger(__name__)
 
-#: The prompt manifest of a run, relative to its location (see include/prompts/prepare.py).
-PROMPT_MANIFEST_KEY = "prompts/manifest.json"
-
-
 def _problem(fn: Callable[[], None]) -> list[str]:
     try:
         fn()
@@ -97,15 +93,16 @@ def _check_tokenizer(run: RunSettings) -> None:
 
 def _check_earlier_shards(run: RunSettings) -> None:
     """Refuse now what prepare would refuse later: other preparation settings, a bad range."""
+    from include.prompts.prepare import MANIFEST_KEY
     from include.storage import open_store
 
     store = open_store(run.run_uri, read_only=True, s3_conn_id=run.deployment.s3_conn_id)
-    if not store.exists(PROMPT_MANIFEST_KEY):
+    if not store.exists(MANIFEST_KEY):
         if run.shard_range:
             log.info("no prompt shards yet at %s: shard_range %r is checked after preparing",
                      run.run_uri, run.shard_range)
         return
-    manifest = json.loads(store.read(PROMPT_MANIFEST_KEY))
+    manifest = json.loads(store.read(MANIFEST_KEY))
     if manifest.get("preparation_fingerprint") != run.fingerprint(PREPARATION_SETTINGS):
         differ = run.preparation_differences(manifest)
         raise SettingsError(
