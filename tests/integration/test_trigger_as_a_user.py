@@ -8,6 +8,7 @@ Conf values the form can check are refused by the REST call itself, before a run
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -81,8 +82,20 @@ def airflow(tmp_path_factory) -> AirflowServer:
 
 
 def _trigger(server: AirflowServer, token: str, conf: dict):
-    return server.request(f"/api/v2/dags/{DAG_ID}/dagRuns", method="POST", token=token,
-                          body={"logical_date": None, "conf": conf})
+    """POST a run; a transient SQLite error (standalone's database, busy with the runs just
+    triggered) is retried as a REST client would, and if it persists the assertion shows the
+    API server's own log lines for it."""
+    for attempt in range(5):
+        r = server.request(f"/api/v2/dags/{DAG_ID}/dagRuns", method="POST", token=token,
+                           body={"logical_date": None, "conf": conf})
+        if r.status != 500 or b"Database error" not in r.body:
+            return r
+        time.sleep(1 + attempt)
+    error_id = re.search(rb"look for ID (\w+)", r.body)
+    log = server.log.read_text(errors="replace")
+    at = log.find(error_id.group(1).decode()) if error_id else -1
+    raise AssertionError(f"POST dagRuns kept failing: {r.body[:300]!r}\n"
+                         + (log[max(at - 3000, 0):at + 500] if at >= 0 else log[-3000:]))
 
 
 def _wait_finished(server: AirflowServer, token: str, run_ids: list[str]) -> dict[str, str]:
