@@ -59,7 +59,7 @@ def runs_ahead(store: Store, journal_prefix: str, run_id: str,
 
 def wait_for_turn(store: Store, shard_id: str, journal_prefix: str, run_id: str,
                   is_live: Callable[[str], bool], done: Callable[[], bool],
-                  poll_s: float = 15.0, timeout_s: float | None = None) -> bool:
+                  poll_s: float = 5.0, timeout_s: float | None = None) -> bool:
     """Claim the shard and wait while an earlier live claim holds it.
 
     Return True when the shard got done meanwhile (nothing left to generate), False when it

@@ -71,6 +71,9 @@ class ServerState:
     #: The first prompt of the current failure streak, and whether the streak holds others.
     streak_prompt: str | None = None
     streak_mixed: bool = False
+    #: ``sent`` when the current failure streak began: only a request sent after it can end
+    #: it, as for a cool-down.
+    streak_from: int = 0
 
     @property
     def free(self) -> int:
@@ -168,11 +171,13 @@ class ServerPool:
     def record_success(self, server: ServerState, output_tokens: int, seq: int) -> None:
         """Count a completed request (``seq`` from ``dispatched``).
 
-        A request sent after its server's cool-down began puts the server back in rotation;
-        one sent before proves nothing about now (a brownout starts with old requests
-        still finishing).
+        A request sent after its server's failure streak (or cool-down) began ends it; one
+        sent before proves nothing about now: a brownout starts with old requests still
+        finishing, and letting them end the streak would make each next failure the first
+        of a new streak, charged to its prompt.
         """
-        server.consecutive_failures = 0
+        if seq > server.streak_from:
+            server.consecutive_failures = 0
         server.completed += 1
         server.output_tokens += output_tokens
         if server.cooling and seq > server.cool_from:
@@ -200,6 +205,7 @@ class ServerPool:
         charged = not server.limited
         if server.consecutive_failures == 0:
             server.streak_prompt, server.streak_mixed = prompt_id, False
+            server.streak_from = server.sent
         elif prompt_id != server.streak_prompt:
             server.streak_mixed = True
         server.consecutive_failures += 1

@@ -90,6 +90,29 @@ def test_only_failures_of_a_working_server_count_against_the_prompt() -> None:
     assert fails(c.TIMEOUT, "p1") is False
 
 
+def test_requests_sent_before_a_brownout_do_not_end_its_streak() -> None:
+    """A brownout: long requests sent before it still succeed while every new one gets 503.
+    Those successes must not restart the streak, or each next failure would be charged to
+    its prompt as if it had failed alone (seen: 4 of 378 prompts lost in a 30 s brownout)."""
+    pool = _pool()
+    a = pool.servers[0]
+    old = [pool.dispatched(a) for _ in range(4)]
+    charged = []
+    for i, seq in enumerate(old[:2]):
+        charged.append(pool.record_failure(a, c.QUEUE_FULL, "full", f"p{i}",
+                                           pool.dispatched(a)))
+        pool.record_success(a, 100, seq)
+    assert charged == [True, False]  # the first failure of a streak is the prompt's, once
+    assert a.consecutive_failures == 2
+    charged.append(pool.record_failure(a, c.QUEUE_FULL, "full", "p2", pool.dispatched(a)))
+    assert charged[-1] is False and a.state == "resting"
+    # A request sent after the streak began and answered ends it, as before.
+    b = pool.servers[1]
+    pool.record_failure(b, c.HTTP_5XX, "boom", "q0", pool.dispatched(b))
+    pool.record_success(b, 1, pool.dispatched(b))
+    assert b.consecutive_failures == 0
+
+
 def test_connection_refused_ejects_at_once_and_takes_the_work_back() -> None:
     async def go() -> None:
         pool = _pool()
