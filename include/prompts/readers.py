@@ -1,29 +1,27 @@
-"""Read a source's rows with the ``datasets`` library, from local files or the hub.
+"""Read a source's rows in batches, in bounded memory, from local files or the hub.
 
 Rows come out in batches, in file order, each with its index in the source, so that ids and
-"keep the first" dedupe are deterministic. A file ``datasets`` cannot load because its rows
-disagree on a column's type (a JSONL row holding a number where the others hold text) is read
-again row by row, so the odd rows reach the funnel as malformed instead of failing the source.
+"keep the first" dedupe are deterministic. Local files are streamed, so memory does not grow
+with their size: parquet a batch at a time, reading only the columns the kind reads; JSON a
+few megabytes at a time, a JSON array included (``include/prompts/json_stream.py``). Hub
+datasets, and parquet columns ``datasets`` must decode, still go through ``datasets``.
 """
 
 from __future__ import annotations
 
 import glob
 import json
-import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from include.prompts.json_stream import MALFORMED_KEY, JsonReadError, json_parts
 from include.settings import SourceSettings
 
-log = logging.getLogger(__name__)
+__all__ = ["MALFORMED_KEY", "RowBatch", "SourceReadError", "iter_batches", "peek", "resolve_files"]
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
-
-#: The key a row gets when the fallback reader could not parse its line at all.
-MALFORMED_KEY = "__malformed__"
 
 
 class SourceReadError(RuntimeError):
@@ -34,9 +32,10 @@ class RowBatch:
     """Consecutive rows of one source: row ``i`` is source row ``start + i``.
 
     ``columns`` are the source's columns; rows hold them all, or only those ``select`` chose.
-    A batch read through ``datasets`` keeps its rows as an Arrow ``table`` and makes Python
-    objects only when asked, per column (``column``) or per row (``rows``); a batch from the
-    row-by-row JSON fallback holds ``rows`` (some may carry ``MALFORMED_KEY``) and no table.
+    A batch read into Arrow keeps its rows as a ``table`` and makes Python objects only when
+    asked, per column (``column``) or per row (``rows``); a batch parsed row by row (the JSON
+    fallback, columns ``datasets`` decodes) holds ``rows`` (some may carry ``MALFORMED_KEY``)
+    and no table.
     """
 
     __slots__ = ("start", "columns", "table", "_rows")
@@ -60,10 +59,7 @@ class RowBatch:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """Return the rows as dicts, made from the table once.
-
-        The values are those ``datasets`` gives in its Python format (``Table.to_pydict``).
-        """
+        """Return the rows as dicts, made from the table once (``Table.to_pylist`` values)."""
         if self._rows is None:
             names = self.table.column_names
             values = [self.table.column(c).to_pylist() for c in names]
@@ -120,52 +116,30 @@ def iter_batches(
 ) -> Iterator[RowBatch]:
     """Yield the source's rows in order; raise SourceReadError if it cannot be read.
 
-    With ``select``, rows read through ``datasets`` hold only the columns it returns, so the
-    columns nobody reads (answers, mostly) are never turned into Python objects. Rows from the
-    row-by-row JSON fallback always hold every field (``select`` is not called there).
+    With ``select``, rows read into Arrow hold only the columns it returns, so the columns
+    nobody reads (answers, mostly) are never turned into Python objects (nor read, from
+    parquet). Rows parsed row by row hold every field.
     """
-    columns: list[str] | None = None  # the source's columns, when known before loading
-    wanted: list[str] | None = None
-    if source.path:
-        files = resolve_files(source)
-        builder = _BUILDERS[Path(files[0]).suffix]
-        if builder == "parquet" and select is not None:
-            # Parquet files are read column by column: choose the columns from the schema
-            # and the first row, then load only those (not the answers next to the prompts).
-            try:
-                columns, first = _probe_parquet(files)
-            except Exception as exc:  # same message as a failed load below
-                raise _parquet_error(source, files, exc) from exc
-            if first is not None:  # else no rows: nothing to choose, as for an empty dataset
-                wanted = _chosen(columns, select(columns, first))
-            else:
-                columns = None
-        try:
-            dataset = _load_local(builder, files, wanted if wanted != columns else None)
-        except SourceReadError:
-            raise
-        except Exception as exc:  # datasets/pyarrow raise many types for one bad file
-            if builder != "json":
-                raise _parquet_error(source, files, exc) from exc
-            log.warning(
-                "source %s: datasets could not load %s (%s: %s); reading it row by row",
-                source.name,
-                files,
-                type(exc).__name__,
-                str(exc).splitlines()[0][:200],
-            )
-            yield from _iter_json_rows(source, files, batch_size)
-            return
+    if not source.path:
+        yield from _dataset_batches(_load_hub(source), batch_size, select)
+        return
+    files = resolve_files(source)
+    if _BUILDERS[Path(files[0]).suffix] == "parquet":
+        yield from _parquet_batches(source, files, batch_size, select)
     else:
-        dataset = _load_hub(source)
-    if columns is None:
-        columns = list(dataset.column_names)
-        if select is not None and len(dataset):
-            wanted = _chosen(columns, select(columns, dataset[0]))
-            if wanted != columns:
-                dataset = dataset.select_columns(wanted)
-    if wanted is None:
-        wanted = columns
+        yield from _json_batches(source, files, batch_size, select)
+
+
+def _dataset_batches(
+    dataset: Any, batch_size: int, select: ColumnSelector | None, columns: list[str] | None = None
+) -> Iterator[RowBatch]:
+    """Yield the rows of a ``datasets.Dataset`` (``columns``: the source's, if it holds fewer)."""
+    wanted = list(dataset.column_names)
+    columns = columns or wanted
+    if select is not None and len(dataset):
+        wanted = _chosen(columns, select(columns, dataset[0]))
+        if wanted != columns:
+            dataset = dataset.select_columns(wanted)
     start = 0
     if _needs_decoding(dataset, wanted):  # e.g. Json features: only the Python format decodes
         for batch in dataset.iter(batch_size=batch_size):
@@ -194,11 +168,122 @@ def _chosen(columns: list[str], chosen: Sequence[str] | None) -> list[str]:
     return [c for c in columns if c in keep] or columns
 
 
+def _parquet_batches(
+    source: SourceSettings, files: list[str], batch_size: int, select: ColumnSelector | None
+) -> Iterator[RowBatch]:
+    """Yield parquet rows a batch at a time, reading only the chosen columns.
+
+    Every file's batches are cast to the first file's types, as ``datasets`` cast them to the
+    features it took from the first file; a file that does not fit fails the source.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        columns, first = _probe_parquet(files)
+        schema = pq.read_schema(files[0])
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for one bad file
+        raise _parquet_error(source, files, exc) from exc
+    if first is None:
+        return  # no rows: nothing to choose from, and nothing to read
+    wanted = columns if select is None else _chosen(columns, select(columns, first))
+    if _hf_decoded(schema, wanted):  # e.g. a Json feature: ``datasets`` turns text to objects
+        yield from _dataset_batches(_load_local(files, wanted), batch_size, None, columns)
+        return
+    target = pa.schema([schema.field(c) for c in wanted])
+    start = 0
+    for path in files:
+        try:
+            with pq.ParquetFile(path) as pf:
+                for part in pf.iter_batches(batch_size=batch_size, columns=wanted):
+                    table = pa.Table.from_batches([part])
+                    if not table.schema.equals(target):
+                        table = table.cast(target)
+                    yield RowBatch(start, columns, table=table)
+                    start += table.num_rows
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise _parquet_error(source, [path], exc) from exc
+
+
+def _hf_decoded(schema: Any, columns: list[str]) -> bool:
+    """Return whether ``datasets`` would decode one of these columns (its features say so)."""
+    if not schema.metadata or b"huggingface" not in schema.metadata:
+        return False
+    from datasets import Features
+    from datasets.features.features import require_decoding
+
+    try:
+        features = Features.from_arrow_schema(schema)
+    except Exception:  # noqa: BLE001 - metadata datasets cannot read: it would ignore it too
+        return False
+    return any(require_decoding(features[c]) for c in columns if c in features)
+
+
 def _parquet_error(source: SourceSettings, files: list[str], exc: Exception) -> SourceReadError:
     return SourceReadError(
         f"source {source.name!r}: cannot read {files} as parquet "
         f"({type(exc).__name__}: {exc}). Check the file is complete and not corrupted."
     )
+
+
+def _json_batches(
+    source: SourceSettings, files: list[str], batch_size: int, select: ColumnSelector | None
+) -> Iterator[RowBatch]:
+    """Yield the rows of JSON files (each JSON Lines or one array), a part at a time.
+
+    The source's columns are those of its first object; ``select`` is called with them and
+    that object before any batch. Rows before it that are no object wait for it, so the first
+    batch always comes with the columns. Only tables keep just the chosen columns.
+    """
+    start = 0
+    columns: list[str] | None = None
+    wanted: list[str] | None = None  # None: every column
+    held: list[dict[str, Any]] = []  # leading rows that are no object
+    for part in _json_file_parts(source, files):
+        if columns is None:
+            first = (
+                next((r for r in part if MALFORMED_KEY not in r), None)
+                if isinstance(part, list)
+                else part.slice(0, 1).to_pylist()[0]
+            )
+            if first is None:
+                held += part
+                continue
+            columns = list(first) if isinstance(part, list) else part.column_names
+            if select is not None:
+                wanted = _chosen(columns, select(columns, first))
+        batches = _row_batches(start, columns, held, batch_size)
+        held = []
+        if isinstance(part, list):  # parsed row by row: every field
+            batches += _row_batches(start + sum(map(len, batches)), columns, part, batch_size)
+        else:
+            if wanted is not None:
+                part = part.select([c for c in wanted if c in part.column_names])
+            base = start + sum(map(len, batches))
+            batches += [
+                RowBatch(base + i, columns, table=part.slice(i, batch_size))
+                for i in range(0, part.num_rows, batch_size)
+            ]
+        yield from batches
+        start += sum(map(len, batches))
+    yield from _row_batches(start, [], held, batch_size)  # no object at all
+
+
+def _row_batches(
+    start: int, columns: list[str], rows: list[dict[str, Any]], batch_size: int
+) -> list[RowBatch]:
+    return [
+        RowBatch(start + i, columns, rows[i : i + batch_size])
+        for i in range(0, len(rows), batch_size)
+    ]
+
+
+def _json_file_parts(source: SourceSettings, files: list[str]) -> Iterator[Any]:
+    try:
+        for path in files:
+            yield from json_parts(path, f"source {source.name}")
+    except JsonReadError as exc:
+        raise SourceReadError(f"source {source.name!r}: {exc}") from None
 
 
 #: How much of a JSON file ``peek`` reads to find its first row.
@@ -220,7 +305,7 @@ def peek(source: SourceSettings) -> tuple[list[str], dict[str, Any] | None]:
     decoder = json.JSONDecoder()
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(_PEEK_BYTES)
+            text = fh.read(_PEEK_BYTES).lstrip("\ufeff")
         start = len(text) - len(text.lstrip())
         if start == len(text):
             continue  # an empty file: look at the next one
@@ -245,7 +330,8 @@ def _probe_parquet(files: list[str]) -> tuple[list[str], dict[str, Any] | None]:
     """Return the columns and the first row of parquet files, as ``datasets`` would load them.
 
     The columns are the first file's schema (where ``datasets`` takes its features from), the
-    row the first one of the first file that has rows; only one row group is read.
+    row the first one of the first file that has rows. Only the first page of each column is
+    decoded, not the row group (answers included: a tenth of a second per source).
     """
     import pyarrow.parquet as pq
 
@@ -255,17 +341,16 @@ def _probe_parquet(files: list[str]) -> tuple[list[str], dict[str, Any] | None]:
         with pq.ParquetFile(path) as pf:
             for group in range(pf.num_row_groups):
                 if pf.metadata.row_group(group).num_rows:
-                    return columns, pf.read_row_group(group).slice(0, 1).to_pylist()[0]
+                    first = next(pf.iter_batches(batch_size=1, row_groups=[group]))
+                    return columns, first.to_pylist()[0]
     return columns, None
 
 
-def _load_local(builder: str, files: list[str], columns: list[str] | None = None) -> Any:
+def _load_local(files: list[str], columns: list[str]) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
-    if columns is not None:  # parquet only
-        return datasets.load_dataset(builder, data_files=files, split="train", columns=columns)
-    return datasets.load_dataset(builder, data_files=files, split="train")
+    return datasets.load_dataset("parquet", data_files=files, split="train", columns=columns)
 
 
 def _load_hub(source: SourceSettings) -> Any:
@@ -283,58 +368,3 @@ def _load_hub(source: SourceSettings) -> Any:
             f"{type(exc).__name__}: {exc}. Gated sets need HF_TOKEN; offline workers need a "
             "local `path` instead."
         ) from exc
-
-
-def _iter_json_rows(
-    source: SourceSettings, files: list[str], batch_size: int
-) -> Iterator[RowBatch]:
-    # One JSON array (MetaMathQA, Hermes) or JSON Lines (CodeFeedback), told apart by the first
-    # character, so a file in either form works whatever its extension says.
-    start = 0
-    columns: list[str] = []
-    rows: list[dict[str, Any]] = []
-    for path in files:
-        for row in _json_file_rows(source, path):
-            if not columns and MALFORMED_KEY not in row:
-                columns = list(row)
-            rows.append(row)
-            if len(rows) >= batch_size:
-                yield RowBatch(start, columns, rows)
-                start += len(rows)
-                rows = []
-    if rows:
-        yield RowBatch(start, columns, rows)
-
-
-def _json_file_rows(source: SourceSettings, path: str) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-        head = fh.read(4096).lstrip()
-        fh.seek(0)
-        if head.startswith("["):
-            try:
-                data = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise SourceReadError(
-                    f"source {source.name!r}: {path} starts as a JSON array but is not valid "
-                    f"JSON ({exc}). The file may be truncated; download it again."
-                ) from exc
-            for i, item in enumerate(data):
-                yield (
-                    item
-                    if isinstance(item, dict)
-                    else {MALFORMED_KEY: f"array item {i} is {type(item).__name__}, not an object"}
-                )
-            return
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield {MALFORMED_KEY: f"{Path(path).name} line {lineno}: invalid JSON ({exc.msg})"}
-                continue
-            yield (
-                item
-                if isinstance(item, dict)
-                else {MALFORMED_KEY: f"{Path(path).name} line {lineno}: not an object"}
-            )
