@@ -7,10 +7,11 @@ rest over the servers' in-flight windows, retries what can succeed, records ever
 prompt in the journal as it finishes, and checks at the end that every prompt id is
 accounted for exactly once (completed + skipped + failed).
 
-A retryable failure counts against the prompt's ``max_attempts`` only when its server was
-working for others at the time (see ``ServerPool.record_failure``): in a brownout the
-servers rest and the prompts wait for them, instead of using up their attempts. Every retry
-is logged with its reason and server, and counted in the progress line.
+What becomes of a prompt after each request (complete, retry, fail, rebudget, or stop the
+shard) is decided by ``retry.decide_retry``; a retryable failure counts against the prompt's
+``max_attempts`` only when its server was working for others at the time (see
+``ServerPool.record_failure``). Every retry is logged with its reason and server, and counted
+in the progress line.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from include.generation.outcome import (
     check_accounting,
 )
 from include.generation.pool import ServerPool, ServerState
+from include.generation.retry import decide_retry
 from include.generation.tally import Tally
 
 __all__ = ["COMPLETED", "FAILED", "SKIPPED", "EngineConfig", "GenerationError", "ShardOutcome",
@@ -280,10 +282,17 @@ class _Run:
         if result.ok:
             self.pool.record_success(server, int(result.usage.get("completion_tokens") or 0),
                                      seq)
+        kind = result.error_kind or ""
+        counted = result.retryable and self.pool.record_failure(
+            server, kind, result.error, item.record["id"], seq)
+        decision = decide_retry(result, item.charged, item.length_retried, self.cfg,
+                                counted=counted)
+        item.charged = decision.charged
+        if decision.verdict == "complete":
             self.tally.complete(item.record, result, server.url, item.max_tokens, item.attempts)
-        elif result.error_kind == c.LENGTH:
-            self._length_error(item, result)
-        elif result.error_kind == c.UNAUTHORIZED:
+        elif decision.verdict == "rebudget":
+            self._rebudget(item, decision.prompt_tokens)
+        elif decision.verdict == "fatal":
             self.fatal = (
                 f"{self.shard_id}: server {server.url} answered 401 Unauthorized: the api_key "
                 "setting does not match the servers' --api-key. Nothing more is sent; fix "
@@ -291,27 +300,17 @@ class _Run:
             )
             # Not the prompt's fault: leave it unfinished so the re-run sends it again.
             self.pending.appendleft(item)
-        elif result.retryable:
-            kind = result.error_kind or ""
-            if self.pool.record_failure(server, kind, result.error, item.record["id"], seq):
-                item.charged += 1
-            if item.charged >= self.cfg.max_attempts:
-                self.tally.fail(item.record["id"], result, item.attempts)
-                return
+        elif decision.verdict == "retry":
             self.tally.retries[kind] += 1
             log.info("%s: retrying prompt %s after %s on %s (HTTP %s, attempt %d, %d/%d "
                      "counted against it; server %s): %s", self.shard_id, item.record["id"],
                      kind, server.url, result.status, item.attempts, item.charged,
                      self.cfg.max_attempts, server.state, result.error[:200])
-            self._retry_later(item)
+            self._retry_later(item, decision.delay_s)
         else:
             self.tally.fail(item.record["id"], result, item.attempts)
 
-    def _length_error(self, item: _Item, result: c.ChatResult) -> None:
-        server_p = c.prompt_tokens_from_length_error(result.error)
-        if item.length_retried or server_p is None:
-            self.tally.fail(item.record["id"], result, item.attempts)
-            return
+    def _rebudget(self, item: _Item, server_p: int) -> None:
         # The server counts P differently from our tokenizer (another chat template?):
         # trust its count, rebudget once, and say so, since it means the counts disagree.
         log.warning("%s: prompt %s: server counted %d prompt tokens, we counted %d; "
@@ -328,14 +327,12 @@ class _Run:
         item.length_retried = True
         self.pending.appendleft(item)
 
-    def _retry_later(self, item: _Item) -> None:
-        if not item.charged:
-            # The server's fault, not the prompt's: it goes back now, to a server in rotation
-            # (the failing one rests, so there is no storm against it).
+    def _retry_later(self, item: _Item, delay_s: float | None) -> None:
+        if delay_s is None:
+            # The failing server rests, so sending it again now causes no storm against it.
             self.pending.append(item)
             return
-        delay = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2 ** (item.charged - 1))
-        delay *= random.uniform(0.5, 1.5)  # jitter: retries from many prompts do not align
+        delay = delay_s * random.uniform(0.5, 1.5)  # jitter: retries from many prompts do not align
         self.delayed += 1
 
         def requeue() -> None:

@@ -5,17 +5,16 @@
 last) and returns a summary for XCom and logs. Every figure has one source of truth, named in
 ``report.json`` under ``sources_of_truth``; where two files hold related figures (per-source
 counts from journals, totals from manifests) the report checks that they agree under
-``consistency`` instead of showing both.
+``consistency`` instead of showing both. The counts are computed in ``figures.py``, the timings
+in ``throughput.py``; this module assembles, writes and summarises the report.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import defaultdict
 from typing import Any
 
 from include.reporting.collect import (
@@ -24,9 +23,16 @@ from include.reporting.collect import (
     ShardFacts,
     collect_shard,
     read_json,
-    source_of,
+)
+from include.reporting.figures import (
+    consistency,
+    ejections,
+    generation_figures,
+    tokenization_figures,
 )
 from include.reporting.gates import GateResult, QualityGates, evaluate_gates
+from include.reporting.throughput import idle_gaps as _gaps  # noqa: F401 (older name, kept importable)
+from include.reporting.throughput import throughput
 from include.storage import Store
 from include.tokenization.stage import length_stats
 
@@ -74,222 +80,8 @@ def report_prefix(run_id: str) -> str:
     return f"report/{safe}/"
 
 
-# --- figures ----------------------------------------------------------------------------------
-def _reason_counts(entries: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Return ``{source: {reason: n}}`` of manifest entries ``{"id", "reason"}``."""
-    out: dict[str, Counter[str]] = defaultdict(Counter)
-    for e in entries:
-        out[source_of(e["id"])][str(e.get("reason"))] += 1
-    return {s: dict(sorted(c.items())) for s, c in out.items()}
-
-
 def _stats(values: list[int]) -> dict[str, float | int]:
     return length_stats(values)
-
-
-def _generation(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Return (per-shard + totals from manifests, per-source from manifests and journals)."""
-    per_shard: dict[str, dict[str, int]] = {}
-    skipped: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
-    for s in shards:
-        m = s.generated
-        if m is None:
-            continue
-        per_shard[s.shard_id] = {
-            "prompts": m["prompts"], "completed": m["counts"]["completed"],
-            "skipped": m["counts"]["skipped"], "failed": m["counts"]["failed"],
-            "truncated": m["truncated"],
-        }
-        skipped += m["skipped"]
-        failed += m["failed"]
-    totals = {k: sum(v[k] for v in per_shard.values())
-              for k in ("prompts", "completed", "skipped", "failed", "truncated")}
-    totals["sent"] = totals["completed"] + totals["failed"]
-    skipped_by = _reason_counts(skipped)
-    failed_by = _reason_counts(failed)
-    completed: Counter[str] = Counter()
-    truncated: Counter[str] = Counter()
-    for s in shards:
-        for c in s.completions:
-            completed[c.source] += 1
-            truncated[c.source] += c.finish_reason == "length"
-    per_source = {}
-    for src in sorted(set(completed) | set(skipped_by) | set(failed_by)):
-        n_skipped = sum(skipped_by.get(src, {}).values())
-        n_failed = sum(failed_by.get(src, {}).values())
-        per_source[src] = {
-            "prompts": completed[src] + n_skipped + n_failed,
-            "sent": completed[src] + n_failed,
-            "completed": completed[src],
-            "truncated": truncated[src],
-            "skipped": n_skipped,
-            "skipped_by_reason": skipped_by.get(src, {}),
-            "failed": n_failed,
-            "failed_by_reason": failed_by.get(src, {}),
-        }
-    return {"per_shard": per_shard, "totals": totals}, per_source
-
-
-def _tokenization(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict[str, Any]]:
-    per_shard: dict[str, dict[str, Any]] = {}
-    quarantined: list[dict[str, Any]] = []
-    dropped: list[dict[str, Any]] = []
-    written: Counter[str] = Counter()
-    for s in shards:
-        m = s.tokenized
-        if m is None:
-            continue
-        c = m["counts"]
-        per_shard[s.shard_id] = {
-            "input": c["input"], "written": c["written"],
-            "quarantined": sum(c["quarantined"].values()),
-            "dropped": sum(c["dropped"].values()),
-            "truncated_to_max_length": c.get("truncated_to_max_length", 0),
-            "tokens": m["tokens"]["total"], "loss_tokens": m["tokens"]["loss"],
-        }
-        quarantined += m["quarantined"]
-        dropped += m["dropped"]
-        written.update(src for src, _ in s.tokenized_lengths)
-    keys = ("input", "written", "quarantined", "dropped", "truncated_to_max_length", "tokens",
-            "loss_tokens")
-    totals = {k: sum(v[k] for v in per_shard.values()) for k in keys}
-    by_reason: dict[str, Counter[str]] = {"quarantined": Counter(), "dropped": Counter()}
-    for shard in (s.tokenized for s in shards if s.tokenized):
-        for kind in by_reason:
-            by_reason[kind].update({r: n for r, n in shard["counts"][kind].items() if n})
-    totals["quarantined_by_reason"] = dict(sorted(by_reason["quarantined"].items()))
-    totals["dropped_by_reason"] = dict(sorted(by_reason["dropped"].items()))
-    q_by, d_by = _reason_counts(quarantined), _reason_counts(dropped)
-    per_source = {
-        src: {"written": written[src],
-              "quarantined_by_reason": q_by.get(src, {}),
-              "dropped_by_reason": d_by.get(src, {})}
-        for src in sorted(set(written) | set(q_by) | set(d_by))
-    }
-    return {"per_shard": per_shard, "totals": totals}, per_source
-
-
-def _nice_bin(wall_s: float, bins: int = 60) -> float:
-    raw = max(wall_s / bins, 1.0)
-    for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600):
-        if raw <= step:
-            return float(step)
-    return 3600.0 * math.ceil(raw / 3600)
-
-
-def _throughput(produced: list[ShardFacts]) -> dict[str, Any]:
-    """Return throughput over time and per server, drains and retries of produced shards."""
-    comps = [c for s in produced for c in s.completions if c.finished_at]
-    retries = {
-        "extra_attempts": sum(c.attempts - 1 for s in produced for c in s.completions)
-        + sum(a - 1 for s in produced for a in s.failed_attempts),
-        "prompts_retried": sum(c.attempts > 1 for s in produced for c in s.completions)
-        + sum(a > 1 for s in produced for a in s.failed_attempts),
-    }
-    if not comps:
-        return {"wall_s": 0.0, "output_tokens": 0, "output_tokens_per_s": 0.0, "bin_s": 0,
-                "timeline": [], "per_server": {}, "drains": {"per_shard": {}}, "retries": retries}
-    start = min(c.finished_at - c.latency_s for c in comps)
-    end = max(c.finished_at for c in comps)
-    wall = max(end - start, 1e-9)
-    out_tokens = sum(c.completion_tokens for c in comps)
-    bin_s = _nice_bin(wall)
-    n_bins = max(1, math.ceil(wall / bin_s))
-    servers = sorted({c.server for c in comps})
-    series = {srv: [0] * n_bins for srv in servers}
-    for c in comps:
-        i = min(n_bins - 1, int((c.finished_at - start) / bin_s))
-        series[c.server][i] += c.completion_tokens
-    # The last bin is cut at the end of the run; rates divide by each bin's real width.
-    widths = [max(min(bin_s, wall - i * bin_s), 1e-9) for i in range(n_bins)]
-    timeline = [
-        {"t_s": round(i * bin_s, 3), "width_s": round(widths[i], 3),
-         "output_tokens_per_s": round(sum(series[s][i] for s in servers) / widths[i], 2),
-         "per_server": {s: round(series[s][i] / widths[i], 2) for s in servers}}
-        for i in range(n_bins)
-    ]
-    per_server = {}
-    for srv in servers:
-        mine = [c for c in comps if c.server == srv]
-        last = max(c.finished_at for c in mine)
-        tokens = sum(c.completion_tokens for c in mine)
-        per_server[srv] = {
-            "completed": len(mine), "output_tokens": tokens,
-            "output_tokens_per_s": round(tokens / wall, 2),
-            "first_start_s": round(min(c.finished_at - c.latency_s for c in mine) - start, 3),
-            "last_finish_s": round(last - start, 3),
-            # Time this server sat idle at the end while others finished their last requests.
-            "idle_tail_s": round(end - last, 3),
-        }
-    per_shard = {}
-    for s in produced:
-        mine = [c for c in s.completions if c.finished_at]
-        if not mine:
-            continue
-        last_start = max(c.finished_at - c.latency_s for c in mine)
-        last_finish = max(c.finished_at for c in mine)
-        per_shard[s.shard_id] = {"drain_s": round(max(last_finish - last_start, 0.0), 3)}
-    last_start = max(c.finished_at - c.latency_s for c in comps)
-    idle = sum(v["idle_tail_s"] for v in per_server.values())
-    drains = {
-        "per_shard": per_shard,
-        "run_drain_s": round(max(end - last_start, 0.0), 3),
-        "idle_server_seconds": round(idle, 3),
-        "idle_fraction": round(idle / (wall * len(servers)), 4),
-    }
-    return {
-        "start": round(start, 3), "end": round(end, 3), "wall_s": round(wall, 3),
-        "output_tokens": out_tokens, "output_tokens_per_s": round(out_tokens / wall, 2),
-        "bin_s": bin_s, "timeline": timeline, "per_server": per_server, "drains": drains,
-        "retries": retries, "no_request_in_flight": _gaps(comps, start),
-    }
-
-
-def _gaps(comps: list[Any], start: float, min_s: float = 0.5) -> list[dict[str, float]]:
-    """Return the spans (seconds from ``start``) when no request was in flight on any server.
-
-    Such a span is time between shards (no shard task running: the scheduler, a worker slot,
-    a staggered start), told apart from a server idling while others work.
-    """
-    spans = sorted((c.finished_at - c.latency_s, c.finished_at) for c in comps)
-    gaps, reach = [], spans[0][1]
-    for lo, hi in spans[1:]:
-        if lo - reach >= min_s:
-            gaps.append({"from_s": round(reach - start, 3), "to_s": round(lo - start, 3)})
-        reach = max(reach, hi)
-    return gaps
-
-
-def _ejections(generate_results: list[dict[str, Any]] | None) -> dict[str, int] | None:
-    if generate_results is None:
-        return None
-    out: Counter[str] = Counter()
-    for r in generate_results:
-        for srv in (r or {}).get("servers") or []:
-            if isinstance(srv, dict):
-                out[srv["url"]] += int(srv.get("ejections") or 0)
-    return dict(sorted(out.items()))
-
-
-def _consistency(report: dict[str, Any], shards: list[ShardFacts]) -> list[dict[str, Any]]:
-    """Return checks that related figures from different files agree (``ok`` False if not)."""
-    gen = report["generation"]["totals"]
-    per_src = report["funnel"]["generation"]
-    tok = report["tokenization"]["totals"]
-    tok_src = report["funnel"]["tokenization"]
-    checks = [
-        ("completed: journal per source == generated manifests",
-         sum(v["completed"] for v in per_src.values()), gen["completed"]),
-        ("truncated: journal per source == generated manifests",
-         sum(v["truncated"] for v in per_src.values()), gen["truncated"]),
-        ("written: parquet rows == tokenized manifests",
-         sum(v["written"] for v in tok_src.values()), tok["written"]),
-        ("tokenizer input == generated completed (tokenized shards)",
-         tok["input"], sum(report["generation"]["per_shard"].get(s, {}).get("completed", 0)
-                           for s in report["tokenization"]["per_shard"])),
-    ]
-    return [{"check": name, "left": a, "right": b, "ok": a == b} for name, a, b in checks]
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -305,8 +97,8 @@ def compute_report(
     generate_results: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Return the report data of collected shard facts (no I/O; see ``build_report``)."""
-    generation, gen_src = _generation(shards)
-    tokenization, tok_src = _tokenization(shards)
+    generation, gen_src = generation_figures(shards)
+    tokenization, tok_src = tokenization_figures(shards)
     produced = [s for s in shards if not s.reused]
     prepare = {
         name: {"read": s["read"], "kept": s["kept"],
@@ -366,18 +158,18 @@ def compute_report(
         "tokens": {"per_source": tokens_src,
                    "prompt_tokens": sum(c.prompt_tokens for c in comps),
                    "completion_tokens": sum(c.completion_tokens for c in comps)},
-        "throughput": _throughput(produced),
+        "throughput": throughput(produced),
         "servers": {
             "models": sorted({c.model for c in comps if c.model}),
             "context_length": context_length or settings.context_length,
             "context_length_from": "launch_servers" if context_length else "settings",
-            "ejections": _ejections(generate_results),
+            "ejections": ejections(generate_results),
         },
         "lengths": lengths,
         "tokenized_lengths": {src: _stats(v) for src, v in sorted(tok_lengths.items())},
         "sources_of_truth": SOURCES_OF_TRUTH,
     }
-    report["consistency"] = _consistency(report, shards)
+    report["consistency"] = consistency(report, shards)
     return report
 
 

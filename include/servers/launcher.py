@@ -20,16 +20,28 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from include.servers.checks import ModelExpectation, key_problems, served_model_differences
+from include.servers.checks import ModelExpectation, key_problems
 from include.servers.commands import (
     ServerSpec,
     build_launch_command,
     parse_fields,
     server_config_yaml,
     server_specs,
+)
+from include.servers.decisions import (
+    ModelsProbe,
+    ServerStatus,
+    launch_step,
+    refused_outcome,
+    replace_blocked,
+    reused_outcome,
+    run_holds,
+    started_outcome,
+    stop_verdict,
+    stopped_meanwhile,
+    unresponsive_outcome,
 )
 from include.servers.hosts import HostError, Runners, fetch_log_tail, run_on_host
 from include.servers.lifecycle import (
@@ -47,41 +59,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ServerStatus:
-    """Hold what the pid, lease and owner files say about one server."""
-
-    pid: int | None
-    alive: bool
-    owner: str
-    leases: int = 0
-
-
-def _status_from(output: str) -> ServerStatus:
-    fields = parse_fields(output)
-    pid = fields.get("pid") or ""
-    leases = fields.get("leases") or "0"
-    return ServerStatus(
-        int(pid) if pid.isdigit() else None,
-        fields.get("alive") == "1",
-        fields.get("owner", ""),
-        int(leases) if leases.isdigit() else 0,
-    )
-
-
 def server_status(runners: Runners, spec: ServerSpec) -> ServerStatus:
     """Return whether the server's pid file names a live server process, its owner and leases."""
-    return _status_from(run_on_host(runners, spec, build_status_command(spec.paths)).stdout)
-
-
-@dataclass(frozen=True)
-class ModelsProbe:
-    """Hold one ``GET /v1/models`` outcome: ``answering`` False means nothing listens."""
-
-    answering: bool
-    status: int | None = None
-    body: Any = None
-    error: str = ""
+    return ServerStatus.parse(run_on_host(runners, spec, build_status_command(spec.paths)).stdout)
 
 
 def probe_models(url: str, api_key: str | None, timeout: float = 5.0) -> ModelsProbe:
@@ -101,20 +81,6 @@ def probe_models(url: str, api_key: str | None, timeout: float = 5.0) -> ModelsP
         return ModelsProbe(True, status, json.loads(raw))
     except ValueError:
         return ModelsProbe(True, status, None, f"not JSON: {raw[:200]!r}")
-
-
-def probe_differences(
-    probe: ModelsProbe, expected: ModelExpectation, sglang_conn_id: str | None = None
-) -> list[str]:
-    """Return how an answering server differs from the run ([] means reusable)."""
-    if probe.status == 401:
-        return [
-            "answers 401 Unauthorized: it was started with another API key than the password "
-            f"of Airflow connection {sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)"
-        ]
-    if probe.status != 200:
-        return [f"/v1/models answered {probe.status}: {probe.error}"]
-    return served_model_differences(probe.body, expected)
 
 
 def launch_for_plan(settings: RunSettings, plan: list[dict[str, Any]], *,
@@ -186,7 +152,7 @@ def launch_servers(
 
 def _undo(report: LaunchReport, runners: Runners, grace_s: float, exc: BaseException) -> None:
     """Release what a failed launch started or leased; say so on the exception."""
-    if not any(s.leased or s.started_by_this_run for s in report.servers):
+    if not any(run_holds(s) for s in report.servers):
         return
     try:
         undone = stop_servers(report, runners=runners, grace_s=grace_s, check=False)
@@ -209,57 +175,38 @@ def _launch_one(
     stop_grace_s: float,
 ) -> ServerOutcome:
     key = settings.api_key
+    replace, conn_id = settings.replace_mismatched_servers, settings.deployment.sglang_conn_id
     probe = probe_models(spec.url, key, probe_timeout_s)
     status = server_status(runners, spec)
-    owned = bool(owner) and status.owner == owner
-    if not probe.answering and status.alive:
-        # A process of ours is alive but its port is closed: still starting. Starting another
-        # would only fail to bind, so give it time to open the port and then compare.
+    owned = status.owned_by(owner)
+    step, differences = launch_step(probe, status.alive, expected, replace_mismatched=replace,
+                                    sglang_conn_id=conn_id)
+    if step == "wait":
+        # Starting another server would only fail to bind: give this one time to open the port.
         deadline = time.monotonic() + starting_wait_s
         while not probe.answering and time.monotonic() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             probe = probe_models(spec.url, key, probe_timeout_s)
             if not server_status(runners, spec).alive:
                 break
-        if not probe.answering and server_status(runners, spec).alive:
-            return ServerOutcome(
-                spec, "failed", owned, status.pid,
-                f"process {status.pid} (from {spec.paths.pid_file}) is alive but {spec.url} has "
-                f"not answered for {starting_wait_s:.0f} s; stop it or check its log "
-                f"{spec.paths.log_file}:\n{fetch_log_tail(runners, spec, 20, secret=key)}",
-            )  # fmt: skip
-    if not probe.answering:
+        alive = not probe.answering and server_status(runners, spec).alive
+        step, differences = launch_step(probe, alive, expected, replace_mismatched=replace,
+                                        waited=True, sglang_conn_id=conn_id)
+    if step == "unresponsive":
+        tail = fetch_log_tail(runners, spec, 20, secret=key)
+        return unresponsive_outcome(spec, status, owned, starting_wait_s, tail)
+    if step == "start":
         return _start(spec, settings, runners, owner, "started")
-    conn_id = settings.deployment.sglang_conn_id
-    differences = probe_differences(probe, expected, conn_id)
-    if not differences:
+    if step == "reuse":
         return _reuse(spec, settings, runners, owner, owned, status, probe_timeout_s)
-    if not settings.replace_mismatched_servers:
-        return ServerOutcome(
-            spec, "mismatched", False, status.pid,
-            "left running; set `replace_mismatched_servers`: true to replace it", differences,
-        )  # fmt: skip
-    stop = _release(runners, spec, owner, stop_grace_s)
-    if stop.get("outcome") == "kept":
-        return ServerOutcome(
-            spec, "mismatched", False, status.pid,
-            f"not replaced: {stop.get('leases')} other run(s) lease it ({stop.get('holders')}) "
-            "and generate on it; run this one after they finish, or on other GPUs",
-            differences,
-        )  # fmt: skip
-    if stop.get("outcome") == "not-running" and probe_models(spec.url, None, 2.0).answering:
-        return ServerOutcome(
-            spec, "failed", False, status.pid,
-            f"cannot replace it: {spec.url} is served by a process not started from "
-            f"{spec.paths.pid_file} (launched by hand or elsewhere); stop it yourself",
-            differences,
-        )  # fmt: skip
-    if stop.get("outcome") == "still-alive":
-        return ServerOutcome(
-            spec, "failed", False, status.pid,
-            f"cannot replace it: process {stop.get('pid')} survived SIGTERM and SIGKILL",
-            differences,
-        )  # fmt: skip
+    if step == "refuse":
+        return refused_outcome(spec, status, differences)
+    release = _release(runners, spec, owner, stop_grace_s)
+    port_answers = (release.get("outcome") == "not-running"
+                    and probe_models(spec.url, None, 2.0).answering)
+    blocked = replace_blocked(spec, status, release, differences, port_answers=port_answers)
+    if blocked is not None:
+        return blocked
     outcome = _start(spec, settings, runners, owner, "replaced")
     outcome.differences = differences
     return outcome
@@ -274,23 +221,17 @@ def _reuse(
     status: ServerStatus,
     probe_timeout_s: float,
 ) -> ServerOutcome:
-    detail = "answers with the run's model and context length"
-    if owned:
-        detail += f"; started earlier by this run ({owner})"
     if not owner:
-        return ServerOutcome(spec, "reused", owned, status.pid, detail)
-    leased = _status_from(
+        return reused_outcome(spec, owner, owned, status)
+    leased = ServerStatus.parse(
         run_on_host(runners, spec, build_acquire_command(spec.paths, owner),
                     timeout=LOCK_WAIT_S + 30).stdout
     )  # fmt: skip
-    if status.alive and not leased.alive and not probe_models(
+    if stopped_meanwhile(status, leased) and not probe_models(
         spec.url, settings.api_key, probe_timeout_s
     ).answering:
-        # Another run's teardown stopped it between the probe and the lease: start it anew.
         return _start(spec, settings, runners, owner, "started")
-    return ServerOutcome(
-        spec, "reused", owned, leased.pid, f"{detail}; leases now: {leased.leases}", leased=True
-    )
+    return reused_outcome(spec, owner, owned, status, leased)
 
 
 def _start(
@@ -306,18 +247,8 @@ def _start(
     )
     out = run_on_host(runners, spec, command, timeout=LOCK_WAIT_S + 60, stdin=config)
     pid = parse_fields(out.stdout).get("pid", "")
-    if not pid.isdigit():
-        # Owned anyway: the process may exist without its pid file; teardown then tries.
-        return ServerOutcome(
-            spec, "failed", True, None,
-            f"no pid file {paths.pid_file} appeared after launch; log tail:\n"
-            + fetch_log_tail(runners, spec, 30, secret=key),
-            leased=bool(owner),
-        )  # fmt: skip
-    return ServerOutcome(
-        spec, action, True, int(pid), f"log {paths.log_file}, pid file {paths.pid_file}",
-        leased=bool(owner),
-    )  # fmt: skip
+    tail = "" if pid.isdigit() else fetch_log_tail(runners, spec, 30, secret=key)
+    return started_outcome(spec, action, owner, pid, tail)
 
 
 def _release(
@@ -372,38 +303,23 @@ def _stop_one(
     result: StopReport,
 ) -> None:
     spec = outcome.server
-    if not (outcome.leased or outcome.started_by_this_run):
-        result.skipped.append(f"{spec.name}: {outcome.action}, not started or leased by this run")
-        return
-    try:
-        fields = _release(runners, spec, owner, grace_s)
-    except HostError as exc:
-        result.left_behind.append(f"{spec.name}: {exc}")
-        return
-    what = fields.get("outcome", "?")
-    if what == "kept":
-        result.kept.append(
-            f"{spec.name}: kept for {fields.get('leases')} other run(s) leasing it "
-            f"({fields.get('holders')}); this run's lease released"
-        )
-        return
-    if what == "still-alive":
-        result.left_behind.append(
-            f"{spec.name}: process {fields.get('pid')} survived SIGTERM and SIGKILL; "
-            f"stop it by hand on {spec.host}"
-        )
-        return
-    if what == "not-running" and not outcome.started_by_this_run:
-        result.skipped.append(f"{spec.name}: reused, not started by a launcher; left running")
-        return
-    # The pid is gone; the port must be too, else something else serves it now.
-    deadline = time.monotonic() + 10.0
-    while probe_models(spec.url, None, 2.0).answering and time.monotonic() < deadline:
+    verdict = stop_verdict(outcome)
+    if verdict is None:
+        try:
+            release = _release(runners, spec, owner, grace_s)
+        except HostError as exc:
+            verdict = ("left_behind", f"{spec.name}: {exc}")
+        else:
+            verdict = stop_verdict(outcome, release)
+            if verdict is None:
+                verdict = stop_verdict(outcome, release, port_answers=_port_answers(spec.url))
+    bucket, line = verdict
+    getattr(result, bucket).append(line)
+
+
+def _port_answers(url: str, wait_s: float = 10.0) -> bool:
+    """Return whether ``url`` still answers once a stopped server had ``wait_s`` to close it."""
+    deadline = time.monotonic() + wait_s
+    while probe_models(url, None, 2.0).answering and time.monotonic() < deadline:
         time.sleep(0.2)
-    if probe_models(spec.url, None, 2.0).answering:
-        result.left_behind.append(
-            f"{spec.name}: process {fields.get('pid') or outcome.pid} is gone but "
-            f"{spec.url} still answers; find what listens on port {spec.port}"
-        )
-    else:
-        result.stopped.append(f"{spec.name}: {what} pid {fields.get('pid') or '-'}")
+    return probe_models(url, None, 2.0).answering

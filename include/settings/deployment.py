@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from include.settings.errors import describe, raise_all
-from include.settings.run import REPO_ROOT, SAMPLE_DATA_DIR, SourceSettings
+from include.settings.fields import REPO_ROOT, SAMPLE_DATA_DIR, SourceSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,28 +1,34 @@
 """Bind a trigger conf to the deployment: refuse what a run may not choose, resolve sources.
 
 Pure apart from reading the environment (deployment settings) and resolving local paths; the
-checks that open files or buckets are in ``include/settings/checks.py``.
+checks that open files or buckets are in ``include/settings/checks.py``. ``run.py`` calls it
+from ``RunSettings.from_mapping`` and passes the class in, so this module needs no import of
+``run.py`` (no import circle).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from include.settings.deployment import DeploymentSettings, env_name, inside_data_roots
 from include.settings.errors import describe, did_you_mean, raise_all
-from include.settings.run import PATTERN_ACCEPTED, RunSettings, SourceSettings
+from include.settings.fields import PATTERN_ACCEPTED, SourceSettings
+
+#: ``RunSettings``, which is passed in (``run.py`` imports this module).
+Run = TypeVar("Run", bound=BaseModel)
 
 #: Names that earlier versions took as run settings, and the deployment setting now owning them.
 MOVED_TO_DEPLOYMENT = {"output_uri": "output_root", "api_key": "sglang_conn_id"}
 
 
-def _refuse_foreign_keys(values: dict[str, Any], deployment: DeploymentSettings) -> list[str]:
+def _refuse_foreign_keys(
+    values: dict[str, Any], deployment: DeploymentSettings, run_fields: Mapping[str, Any]
+) -> list[str]:
     problems = []
-    run_fields = RunSettings.model_fields
     for key in list(values):
         if key in run_fields:
             continue
@@ -46,7 +52,7 @@ def _is_local_path(location: str) -> bool:
 
 
 def _resolve_sources(
-    run: RunSettings, d: DeploymentSettings
+    run: Any, d: DeploymentSettings
 ) -> tuple[list[SourceSettings], list[str]]:
     if not run.sources:  # null or [] (an emptied form field): the whole catalogue
         return list(d.source_catalogue.values()), []
@@ -83,7 +89,7 @@ def _resolve_sources(
     return out, problems
 
 
-def _check_against_deployment(run: RunSettings, d: DeploymentSettings) -> list[str]:
+def _check_against_deployment(run: Any, d: DeploymentSettings) -> list[str]:
     problems = []
     if run.model_path not in d.allowed_models:
         problems.append(
@@ -113,19 +119,22 @@ def _check_against_deployment(run: RunSettings, d: DeploymentSettings) -> list[s
     return problems
 
 
-def resolve_run(values: Mapping[str, Any] | None,
-                deployment: DeploymentSettings | None = None) -> RunSettings:
-    """Return the run settings of ``values`` bound to ``deployment``; raise SettingsError."""
+def resolve_run(settings_class: type[Run], values: Mapping[str, Any] | None,
+                deployment: DeploymentSettings | None = None) -> Run:
+    """Return ``settings_class`` (RunSettings) of ``values`` bound to ``deployment``.
+
+    Raise SettingsError naming every problem at once.
+    """
     if deployment is None:
         deployment = DeploymentSettings.load()
         deployment.check()
     values = dict(values or {})
-    problems = _refuse_foreign_keys(values, deployment)
+    problems = _refuse_foreign_keys(values, deployment, settings_class.model_fields)
     values = {k: v for k, v in values.items() if v is not None}
     try:
-        run = RunSettings.model_validate(values)
+        run = settings_class.model_validate(values)
     except ValidationError as exc:
-        problems += describe(exc, known=RunSettings.model_fields,
+        problems += describe(exc, known=settings_class.model_fields,
                              accepted_patterns=PATTERN_ACCEPTED)
         run = None
     if run is None:  # raised outside the except block: the log shows our words only

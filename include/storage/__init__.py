@@ -1,5 +1,6 @@
 """Where a run's files live: one create-only interface over a local directory or S3."""
 
+from include.storage.base import Store, sha256_hex
 from include.storage.errors import ObjectExistsError, StoreError
 from include.storage.locations import (
     DEFAULT_PROTECTED_PREFIXES,
@@ -19,11 +20,9 @@ from include.storage.s3 import S3Store, make_s3_client, split_s3_uri
 from include.storage.store import (
     LocalStore,
     ReadOnlyStore,
-    Store,
     check_readable,
     open_readable,
     open_store,
-    sha256_hex,
 )
 
 __all__ = [

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from include.storage.store import Store, StoreError, sha256_hex
+from include.storage.base import Store, sha256_hex
+from include.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,12 @@ from typing import Any
 
 from include.storage.errors import ObjectExistsError, StoreError
 from include.storage.locations import check_write, parse_location
-from include.storage.store import sha256_hex
+from include.storage.s3_errors import (
+    NOT_FOUND_CODES,
+    ConditionalConflict,
+    error_code,
+    store_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +37,6 @@ _READ_CHUNK = 8 * MiB
 #: Retries of a conditional write that S3 answered with 409 ConditionalRequestConflict (a
 #: concurrent conditional write of the same key was in flight).
 _CONFLICT_RETRIES = 5
-
-_CREDENTIAL_CODES = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "AccessDenied",
-        "403",
-        "Forbidden",
-        "ExpiredToken",
-        "InvalidToken",
-        "InvalidClientTokenId",
-    }
-)
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -132,40 +124,10 @@ class S3Store:
     # --- errors ---------------------------------------------------------------------------
     def _error(self, exc: Exception, action: str, key: str | None = None) -> StoreError:
         """Return a StoreError that names endpoint, bucket, location and the fix."""
-        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
-
-        where = self.uri(key) if key else self.root
-        if isinstance(exc, NoCredentialsError):
-            return StoreError(
-                f"{action} {where} at endpoint {self.endpoint}: no credentials found; set the "
-                f"login/password of Airflow connection {self.conn_id!r} (or AWS credentials)"
-            )
-        if isinstance(exc, EndpointConnectionError):
-            return StoreError(
-                f"{action} {where}: cannot reach endpoint {self.endpoint}; check the "
-                f"endpoint_url in the extra of Airflow connection {self.conn_id!r}"
-            )
-        if isinstance(exc, ClientError):
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and key is None):
-                return StoreError(
-                    f"{action} {where}: bucket {self.bucket!r} does not exist at endpoint "
-                    f"{self.endpoint}; create it or fix the output location"
-                )
-            if code in _CREDENTIAL_CODES:
-                return StoreError(
-                    f"{action} {where}: endpoint {self.endpoint} refused the credentials for "
-                    f"bucket {self.bucket!r} ({code}); check the access key and secret (login/"
-                    f"password) of Airflow connection {self.conn_id!r} and that they may read "
-                    "and write this bucket"
-                )
-            return StoreError(f"{action} {where} at endpoint {self.endpoint} failed: {code} {exc}")
-        return StoreError(f"{action} {where} at endpoint {self.endpoint} failed: {exc}")
-
-    @staticmethod
-    def _code(exc: Exception) -> str:
-        response = getattr(exc, "response", None) or {}
-        return str(response.get("Error", {}).get("Code", ""))
+        return store_error(
+            exc, action, self.uri(key) if key else self.root, endpoint=self.endpoint,
+            bucket=self.bucket, conn_id=self.conn_id, about_bucket=key is None,
+        )  # fmt: skip
 
     def check_access(self) -> None:
         """Raise StoreError now if the bucket is missing or the credentials are refused.
@@ -185,7 +147,7 @@ class S3Store:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=full)["Body"].read()
         except ClientError as exc:
-            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if error_code(exc) in NOT_FOUND_CODES:
                 raise FileNotFoundError(self.uri(key)) from None
             raise self._error(exc, "reading", key) from exc
         except Exception as exc:
@@ -197,7 +159,7 @@ class S3Store:
         try:
             return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as exc:
-            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if error_code(exc) in NOT_FOUND_CODES:
                 return None
             raise self._error(exc, "inspecting", key) from exc
         except Exception as exc:
@@ -214,7 +176,7 @@ class S3Store:
             for chunk in iter(lambda: body.read(_READ_CHUNK), b""):
                 digest.update(chunk)
         except Exception as exc:
-            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if error_code(exc) in NOT_FOUND_CODES:
                 raise FileNotFoundError(self.uri(key)) from None
             raise self._error(exc, "reading", key) from exc
         return digest.hexdigest()
@@ -261,7 +223,7 @@ class S3Store:
                     created = self._put_multipart(full, data, sha_hex)
                 else:
                     created = self._put_single(full, data, digest)
-            except _Conflict:
+            except ConditionalConflict:
                 # Another conditional write of this key is in flight; S3 asks us to retry.
                 time.sleep(0.05 * 2**attempt)
                 continue
@@ -288,11 +250,11 @@ class S3Store:
                 Metadata={"sha256": digest.hex()},
             )
         except ClientError as exc:
-            code = self._code(exc)
+            code = error_code(exc)
             if code == "PreconditionFailed":
                 return None
             if code == "ConditionalRequestConflict":
-                raise _Conflict from exc
+                raise ConditionalConflict from exc
             raise self._error(exc, "writing", self._rel(full)) from exc
         except Exception as exc:
             raise self._error(exc, "writing", self._rel(full)) from exc
@@ -347,11 +309,11 @@ class S3Store:
             )
         except ClientError as exc:
             self._abort(full, upload_id)
-            code = self._code(exc)
+            code = error_code(exc)
             if code == "PreconditionFailed":
                 return None
             if code == "ConditionalRequestConflict":
-                raise _Conflict from exc
+                raise ConditionalConflict from exc
             raise self._error(exc, "uploading", key) from exc
         except BaseException as exc:
             self._abort(full, upload_id)
@@ -397,8 +359,4 @@ class S3Store:
             )
 
 
-class _Conflict(Exception):
-    """S3 answered 409 ConditionalRequestConflict: retry the conditional write."""
-
-
-__all__ = ["S3Store", "make_s3_client", "sha256_hex", "split_s3_uri"]
+__all__ = ["S3Store", "make_s3_client", "split_s3_uri"]

@@ -1,21 +1,22 @@
 """Create-only object storage: a key, once written, is never overwritten.
 
-Every stage writes through ``Store``. Writing a key that already holds identical bytes counts
-as done (a retried task succeeds); writing different bytes raises ``ObjectExistsError`` and
-leaves the existing object untouched. The local implementation lives here; the S3 one uses
-conditional puts (``If-None-Match: *``) behind the same interface.
+Every stage writes through ``Store`` (``base.py``). Writing a key that already holds identical
+bytes counts as done (a retried task succeeds); writing different bytes raises
+``ObjectExistsError`` and leaves the existing object untouched. The local implementation lives
+here; the S3 one (``s3.py``) uses conditional puts (``If-None-Match: *``) behind the same
+interface.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from include.storage.base import Store
 from include.storage.errors import ObjectExistsError, StoreError
 from include.storage.locations import (
     DEFAULT_PROTECTED_PREFIXES,
@@ -30,40 +31,6 @@ if TYPE_CHECKING:
     from include.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
-
-
-def sha256_hex(data: bytes) -> str:
-    """Return the hex SHA-256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
-class Store(Protocol):
-    """A key/value store of immutable objects under one root location."""
-
-    root: str
-
-    def uri(self, key: str) -> str:
-        """Return the full location of ``key`` (for logs and manifests)."""
-        ...
-
-    def write_new(self, key: str, data: bytes) -> bool:
-        """Create ``key``; return False if it already held the same bytes.
-
-        Raises ObjectExistsError if it holds different bytes.
-        """
-        ...
-
-    def read(self, key: str) -> bytes:
-        """Return the bytes at ``key``; raise FileNotFoundError if absent."""
-        ...
-
-    def exists(self, key: str) -> bool:
-        """Return whether ``key`` exists."""
-        ...
-
-    def list(self, prefix: str) -> list[str]:
-        """Return every key under ``prefix``, sorted."""
-        ...
 
 
 class LocalStore:

@@ -143,14 +143,14 @@ def test_throughput_drains_and_servers(store, settings) -> None:
 def test_time_with_no_request_in_flight_is_marked_apart_from_idle_servers() -> None:
     from types import SimpleNamespace
 
-    from include.reporting.report import _gaps
+    from include.reporting.throughput import idle_gaps
 
     def c(start: float, end: float) -> SimpleNamespace:
         return SimpleNamespace(finished_at=end, latency_s=end - start)
 
     # Two shards with a 5 s gap between them, and one short blip under the 0.5 s floor.
     comps = [c(0, 4), c(1, 6), c(11, 15), c(15.2, 16)]
-    assert _gaps(comps, start=0.0) == [{"from_s": 6.0, "to_s": 11.0}]
+    assert idle_gaps(comps, start=0.0) == [{"from_s": 6.0, "to_s": 11.0}]
 
 
 def test_gate_lines_are_worded_for_their_direction() -> None:

@@ -1,0 +1,182 @@
+"""The launcher's decisions, driven with plain data: probes, pid files, release lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from include.servers.checks import ModelExpectation
+from include.servers.commands import ServerSpec
+from include.servers.decisions import (
+    ModelsProbe,
+    ServerStatus,
+    launch_step,
+    refused_outcome,
+    replace_blocked,
+    reused_outcome,
+    run_holds,
+    started_outcome,
+    stop_verdict,
+    stopped_meanwhile,
+    unresponsive_outcome,
+)
+from include.servers.report import ServerOutcome
+
+EXPECTED = ModelExpectation("qwen", 32768)
+SPEC = ServerSpec("gpu-a", 1, 30001, "ssh_gpu", "/tmp/sglang-regen", None)
+
+
+def models(name: str = "qwen", length: int = 32768) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": name, "object": "model", "max_model_len": length}]}
+
+
+def answering(body: Any = None, status: int = 200, error: str = "") -> ModelsProbe:
+    return ModelsProbe(True, status, models() if body is None else body, error)
+
+
+SILENT = ModelsProbe(False, error="connection refused")
+ALIVE = ServerStatus(pid=4242, alive=True, owner="dag/run 1", leases=1)
+DEAD = ServerStatus(pid=None, alive=False, owner="")
+
+
+def step(probe: ModelsProbe, alive: bool, **kw: Any) -> tuple[str, list[str]]:
+    kw.setdefault("replace_mismatched", False)
+    return launch_step(probe, alive, EXPECTED, **kw)
+
+
+# --- launching ----------------------------------------------------------------------------
+def test_a_closed_port_gets_a_server_unless_our_process_is_still_starting() -> None:
+    assert step(SILENT, alive=False) == ("start", [])
+    assert step(SILENT, alive=True) == ("wait", [])
+    assert step(SILENT, alive=True, waited=True) == ("unresponsive", [])
+    # The process died while we waited: start one.
+    assert step(SILENT, alive=False, waited=True) == ("start", [])
+
+
+def test_a_server_answering_with_the_runs_settings_is_reused_whatever_its_pid_file_says() -> None:
+    assert step(answering(), alive=False) == ("reuse", [])
+    assert step(answering(), alive=True, replace_mismatched=True) == ("reuse", [])
+
+
+def test_a_mismatched_server_is_left_running_unless_replacing_is_allowed() -> None:
+    action, differences = step(answering(models(length=4096)), alive=True)
+    assert action == "refuse" and len(differences) == 1 and "4096" in differences[0]
+    action, again = step(answering(models(length=4096)), alive=True, replace_mismatched=True)
+    assert action == "replace" and again == differences
+
+
+def test_a_401_names_the_connection_holding_the_key_and_other_statuses_their_error() -> None:
+    action, differences = step(answering(status=401), alive=True, sglang_conn_id="sglang_prod")
+    assert action == "refuse"
+    assert "'sglang_prod'" in differences[0] and "REGEN_SGLANG_CONN_ID" in differences[0]
+    _, differences = step(answering(status=500, error="boom"), alive=True)
+    assert differences == ["/v1/models answered 500: boom"]
+
+
+def test_the_pid_lease_and_owner_line_is_parsed_with_an_owner_holding_spaces() -> None:
+    status = ServerStatus.parse("noise\npid=77 alive=1 leases=2 owner=dag/run: 1 b\n")
+    assert status == ServerStatus(77, True, "dag/run: 1 b", 2)
+    assert status.owned_by("dag/run: 1 b") and not status.owned_by("dag/run: 2")
+    assert not ServerStatus(1, True, "").owned_by(None)
+    assert ServerStatus.parse("pid= alive=0 leases=x owner=") == ServerStatus(None, False, "", 0)
+
+
+def test_an_unresponsive_process_is_a_failure_naming_its_pid_file_and_log() -> None:
+    out = unresponsive_outcome(SPEC, ALIVE, True, 30.0, "tail line")
+    assert (out.action, out.started_by_this_run, out.pid) == ("failed", True, 4242)
+    assert SPEC.paths.pid_file in out.detail and SPEC.paths.log_file in out.detail
+    assert "not answered for 30 s" in out.detail and out.detail.endswith("tail line")
+
+
+def test_a_refused_mismatch_says_how_to_replace_it() -> None:
+    out = refused_outcome(SPEC, ALIVE, ["max_model_len 4096"])
+    assert (out.action, out.started_by_this_run, out.leased) == ("mismatched", False, False)
+    assert "replace_mismatched_servers" in out.detail and out.differences == ["max_model_len 4096"]
+
+
+@pytest.mark.parametrize(
+    ("release", "port_answers", "action", "words"),
+    [
+        ({"outcome": "kept", "leases": "2", "holders": "a b"}, False, "mismatched",
+         "2 other run(s) lease it (a b)"),
+        ({"outcome": "not-running", "pid": ""}, True, "failed", "launched by hand or elsewhere"),
+        ({"outcome": "still-alive", "pid": "9"}, False, "failed", "process 9 survived SIGTERM"),
+    ],
+)  # fmt: skip
+def test_a_replacement_is_blocked_by_other_leases_foreign_or_immortal_processes(
+    release: dict[str, str], port_answers: bool, action: str, words: str
+) -> None:
+    out = replace_blocked(SPEC, ALIVE, release, ["d"], port_answers=port_answers)
+    assert out is not None and out.action == action and words in out.detail
+    assert out.differences == ["d"] and not out.started_by_this_run
+
+
+def test_a_released_server_is_replaced_once_its_port_is_free() -> None:
+    assert replace_blocked(SPEC, ALIVE, {"outcome": "stopped", "pid": "9"}, ["d"]) is None
+    assert replace_blocked(SPEC, ALIVE, {"outcome": "not-running"}, ["d"]) is None
+
+
+def test_a_reuse_records_the_lease_and_whether_this_run_started_it() -> None:
+    unleased = reused_outcome(SPEC, None, False, ALIVE)
+    assert (unleased.action, unleased.pid, unleased.leased) == ("reused", 4242, False)
+    assert "started earlier" not in unleased.detail
+    leased = reused_outcome(SPEC, "dag/run 1", True, ALIVE, ServerStatus(4243, True, "x", 3))
+    assert (leased.pid, leased.leased, leased.started_by_this_run) == (4243, True, True)
+    assert "started earlier by this run (dag/run 1)" in leased.detail
+    assert leased.detail.endswith("leases now: 3")
+
+
+def test_a_server_stopped_between_probe_and_lease_is_noticed() -> None:
+    gone = ServerStatus(None, False, "", 1)
+    assert stopped_meanwhile(ALIVE, gone)
+    assert not stopped_meanwhile(ALIVE, ALIVE)
+    # Reused without a pid file of ours (launched by hand): nothing to notice.
+    assert not stopped_meanwhile(DEAD, gone)
+
+
+def test_a_launch_without_a_pid_still_counts_as_started_so_teardown_tries() -> None:
+    ok = started_outcome(SPEC, "replaced", "dag/run 1", "321")
+    assert (ok.action, ok.pid, ok.started_by_this_run, ok.leased) == ("replaced", 321, True, True)
+    bad = started_outcome(SPEC, "started", None, "", "Traceback ...")
+    assert (bad.action, bad.pid, bad.started_by_this_run, bad.leased) == (
+        "failed", None, True, False)
+    assert bad.detail.endswith("log tail:\nTraceback ...")
+
+
+# --- stopping -----------------------------------------------------------------------------
+def outcome(started: bool, leased: bool, action: str = "started") -> ServerOutcome:
+    return ServerOutcome(SPEC, action, started, 55, leased=leased)  # type: ignore[arg-type]
+
+
+def test_servers_the_run_neither_started_nor_leased_are_skipped_without_a_release() -> None:
+    assert not run_holds(outcome(False, False, "mismatched"))
+    assert stop_verdict(outcome(False, False, "mismatched")) == (
+        "skipped", f"{SPEC.name}: mismatched, not started or leased by this run")
+    assert run_holds(outcome(False, True)) and run_holds(outcome(True, False))
+    assert stop_verdict(outcome(False, True)) is None
+
+
+def test_the_release_line_decides_kept_left_behind_or_skipped() -> None:
+    held = outcome(True, True)
+    kept = stop_verdict(held, {"outcome": "kept", "leases": "1", "holders": "other/run"})
+    assert kept == ("kept", f"{SPEC.name}: kept for 1 other run(s) leasing it (other/run); "
+                            "this run's lease released")
+    bucket, line = stop_verdict(held, {"outcome": "still-alive", "pid": "9"}) or ("", "")
+    assert bucket == "left_behind" and "stop it by hand on gpu-a" in line
+    reused = outcome(False, True, "reused")
+    assert stop_verdict(reused, {"outcome": "not-running"}) == (
+        "skipped", f"{SPEC.name}: reused, not started by a launcher; left running")
+
+
+def test_a_stopped_server_is_gone_only_once_its_port_refuses() -> None:
+    held = outcome(True, True)
+    release = {"outcome": "stopped", "pid": "9"}
+    assert stop_verdict(held, release) is None
+    assert stop_verdict(held, release, port_answers=False) == (
+        "stopped", f"{SPEC.name}: stopped pid 9")
+    bucket, line = stop_verdict(held, release, port_answers=True) or ("", "")
+    assert bucket == "left_behind" and "port 30001" in line and "process 9" in line
+    # A server we started whose pid file is gone: its pid comes from the launch report.
+    bucket, line = stop_verdict(held, {"outcome": "not-running"}, port_answers=True) or ("", "")
+    assert bucket == "left_behind" and "process 55" in line
