@@ -5,9 +5,10 @@ background, what compose runs: Postgres, Redis, the S3 endpoint (moto's server m
 of MinIO), ``airflow db migrate`` and the admin user (compose's ``airflow-init``), the
 api-server, scheduler, dag-processor, triggerer and two Celery workers, plus the "GPU host":
 a real sshd on loopback where the DAG's launcher starts the stand-in SGLang servers
-(``sglang_standin``, time-compressed). State lives in ``var/deploy/`` (``--state``): one log
-and one pid file per component, ``tier.json`` with ports and generated secrets (kept across
-``up``/``down``, so the database and logins survive).
+(``sglang_standin.switchboard``: time-compressed, faults switched by ``Tier.set_faults``).
+State lives in ``var/deploy/`` (``--state``): one log and one pid file per component,
+``tier.json`` with ports and generated secrets (kept across ``up``/``down``, so the database
+and logins survive).
 
 Every Airflow component gets the same environment as in compose: ``deploy/airflow.env``
 (compose's ``env_file:``) plus ``deployment_environment()``, which sets the keys compose's
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.deploy_api import unix_time
 from scripts.deploy_services import (
     DeployError,
     Processes,
@@ -162,6 +164,17 @@ class Tier:
     def server_log_dir(self) -> Path:
         return self.state / "gpu-host" / "servers"
 
+    @property
+    def fault_file(self) -> Path:
+        """The file the GPU host's stand-ins take their faults from (none while absent)."""
+        return self.state / "gpu-host" / "faults.json"
+
+    def set_faults(self, **faults: Any) -> None:
+        """Switch the stand-ins' faults (``sglang_standin.switchboard``); none: all off."""
+        from sglang_standin.switchboard import write_faults
+
+        write_faults(self.fault_file, **faults)
+
     def api(self) -> Any:
         from scripts.deploy_api import AirflowApi
 
@@ -181,8 +194,6 @@ class Tier:
         c = self.load()
         s, p = c["secrets"], c["ports"]
         db = f"airflow:{s['postgres_password']}@127.0.0.1:{p['postgres']}/airflow"
-        from sglang_standin.process import shell_launch_command
-
         return {
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{db}",
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql://{db}",
@@ -211,8 +222,9 @@ class Tier:
             "REGEN_MAX_ACTIVE_SHARDS": "3",
             "REGEN_DEFER_HEALTH_GATE": "true",
             "REGEN_S3_CONN_ID": "aws_default",
-            "REGEN_SERVER_LAUNCH_COMMAND": shell_launch_command(),
-            "REGEN_EXTRA_SERVER_ARGS": json.dumps(STANDIN_ARGS),
+            "REGEN_SERVER_LAUNCH_COMMAND": switchboard_launch_command(),
+            "REGEN_EXTRA_SERVER_ARGS": json.dumps(
+                [*STANDIN_ARGS, "--standin-fault-file", str(self.fault_file)]),
             "REGEN_PORT_BASE": str(p["port_base"]),
             "REGEN_SERVER_LOG_DIR": str(self.server_log_dir),
         }
@@ -271,15 +283,31 @@ class Tier:
         log("airflow db migrate, admin user (compose's airflow-init)")
         self._init_airflow()
         self._log_sizes = {w: _size(self.procs.log(w)) for w in WORKERS}
+        started = time.time()
         for name in COMMANDS:
             self.start_component(name)
-        self._wait_healthy()
+        # The same checks as compose's healthchecks, where an HTTP one exists.
+        for name in COMMANDS:
+            self.wait_component_healthy(name, since=self._log_sizes.get(name, 0), after=started)
         log(f"all components up in {time.monotonic() - t0:.0f} s")
 
     def start_component(self, name: str) -> int:
         """Start one Airflow component (again); return its pid."""
         return self.procs.start(name, [AIRFLOW, *COMMANDS[name]],
                                 env=self.component_environment(name), cwd=self.state)
+
+    def restart_component(self, name: str, *, kill: bool = True) -> float:
+        """Stop one Airflow component (SIGKILL to its whole session, as a crash, unless not
+        ``kill``), start it again and wait until it is healthy; return when it was stopped
+        (``time.time()``)."""
+        since = _size(self.procs.log(name))
+        if kill:
+            self.procs.kill(name)
+        self.procs.stop(name, timeout=60 if name in WORKERS else 30)
+        stopped = time.time()
+        self.start_component(name)
+        self.wait_component_healthy(name, since=since, after=stopped)
+        return stopped
 
     def wait_worker_ready(self, name: str, since: int = 0, timeout: float = 180.0) -> None:
         """Wait until worker ``name`` logs that it is ready (after byte ``since`` of its log)."""
@@ -289,6 +317,36 @@ class Tier:
                 return f"{name}@".encode() in (text := f.read()) and b" ready." in text
 
         wait_until(ready, "'ready.' in its log", self.procs, name, timeout=timeout)
+
+    def wait_component_healthy(self, name: str, since: int = 0, after: float = 0.0,
+                               timeout: float = 180.0) -> None:
+        """Wait for compose's healthcheck of component ``name``: a worker's ready line after
+        byte ``since`` of its log; the dag-processor's and triggerer's heartbeat after Unix
+        time ``after`` (a restarted one's, not its predecessor's)."""
+        if name in WORKERS:
+            self.wait_worker_ready(name, since=since, timeout=timeout)
+            return
+        p = self.load()["ports"]
+
+        def get(url: str) -> bytes:
+            with urllib.request.urlopen(url, timeout=5) as answer:  # raises unless 2xx
+                return answer.read()
+
+        def beating(key: str) -> bool:
+            health = json.loads(get(f"{self.url}/api/v2/monitor/health"))[key]
+            beat = health.get(f"latest_{key}_heartbeat")
+            return health["status"] == "healthy" and unix_time(beat) > after
+
+        if name == "api-server":
+            wait_until(lambda: get(f"{self.url}/api/v2/version") is not None,
+                       "/api/v2/version", self.procs, name, timeout=timeout)
+        elif name == "scheduler":
+            wait_until(lambda: get(f"http://127.0.0.1:{p['scheduler_health']}/health")
+                       is not None, "/health", self.procs, name, timeout=timeout)
+        else:
+            key = name.replace("-", "_")
+            wait_until(lambda: beating(key), "a healthy heartbeat", self.procs, name,
+                       timeout=timeout)
 
     def _airflow(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([AIRFLOW, *args], env=self.component_environment("init"),
@@ -310,28 +368,6 @@ class Tier:
             f.write(out)
         if done.returncode and "already exist" not in out:
             raise DeployError(f"creating the admin user failed:\n{out[-3000:]}")
-
-    def _wait_healthy(self) -> None:
-        p = self.config["ports"]
-
-        def get(url: str) -> bytes:
-            with urllib.request.urlopen(url, timeout=5) as answer:  # raises unless 2xx
-                return answer.read()
-
-        def healthy(key: str) -> bool:
-            health = json.loads(get(f"{self.url}/api/v2/monitor/health"))
-            return health[key]["status"] == "healthy"
-
-        # The same checks as compose's healthchecks, where an HTTP one exists.
-        wait_until(lambda: get(f"{self.url}/api/v2/version") is not None, "/api/v2/version",
-                   self.procs, "api-server", timeout=180)
-        wait_until(lambda: get(f"http://127.0.0.1:{p['scheduler_health']}/health") is not None,
-                   "/health", self.procs, "scheduler", timeout=180)
-        for name, key in (("dag-processor", "dag_processor"), ("triggerer", "triggerer")):
-            wait_until(lambda k=key: healthy(k), "a healthy heartbeat", self.procs, name,
-                       timeout=180)
-        for w in WORKERS:
-            self.wait_worker_ready(w, since=self._log_sizes.get(w, 0))
 
     def status(self) -> dict[str, int | None]:
         return {name: self.procs.pid(name) for name in self.procs.names()}
@@ -365,6 +401,15 @@ def _write_private(path: Path, text: str) -> None:
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+def switchboard_launch_command() -> str:
+    """Return the stand-ins' launch command: ``sglang_standin.switchboard`` (fault file)."""
+    from sglang_standin.process import shell_launch_command
+
+    command = shell_launch_command()
+    assert command.endswith(" -m sglang_standin"), command
+    return command + ".switchboard"
 
 
 def _size(path: Path) -> int:

@@ -13,6 +13,18 @@ from typing import Any
 import requests
 
 
+def unix_time(timestamp: str | None) -> float:
+    """Return a time the API answered (ISO 8601) as Unix time; 0 for none."""
+    from datetime import datetime
+
+    if not timestamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 class ApiError(RuntimeError):
     """An API call answered with an unexpected status; the message quotes the answer."""
 

@@ -728,9 +728,9 @@ def configure_logging(level: str) -> None:
     logger.propagate = False
 
 
-async def serve(config: ServerConfig) -> None:
-    """Run a server until SIGTERM or SIGINT."""
-    server = StandinServer(config)
+async def serve(config: ServerConfig, server: StandinServer | None = None) -> None:
+    """Run a server (``server``, or a plain stand-in of ``config``) until SIGTERM or SIGINT."""
+    server = server or StandinServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

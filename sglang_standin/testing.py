@@ -13,6 +13,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,7 +62,8 @@ class ThreadServer:
     `argv` is a `python -m sglang_standin` command line. Call `close()` when done.
     """
 
-    def __init__(self, tokenizer: Any, argv: list[str]) -> None:
+    def __init__(self, tokenizer: Any, argv: list[str],
+                 make: Callable[..., StandinServer] = StandinServer) -> None:
         self.config = parse_args(argv)
         self.url = f"http://{self.config.host}:{self.config.port}"
         self.loop = asyncio.new_event_loop()
@@ -73,7 +75,7 @@ class ThreadServer:
             asyncio.set_event_loop(self.loop)
 
             async def boot() -> None:
-                self.server = StandinServer(self.config, tokenizer=tokenizer)
+                self.server = make(self.config, tokenizer=tokenizer)
                 await self.server.start()
 
             try:
@@ -94,11 +96,13 @@ class ThreadServer:
 
     @classmethod
     def start(
-        cls, tokenizer: Any, model_path: str | os.PathLike[str], wait: bool = True, **flags: Any
+        cls, tokenizer: Any, model_path: str | os.PathLike[str], wait: bool = True,
+        make: Callable[..., StandinServer] = StandinServer, **flags: Any
     ) -> ThreadServer:
-        """Start a server on a free port with keyword flags (as in `start_standin`)."""
+        """Start a server on a free port with keyword flags (as in `start_standin`); ``make``
+        builds it from its config and tokenizer (a ``StandinServer`` subclass, say)."""
         argv = ["--model-path", str(model_path), "--port", str(free_port())]
-        server = cls(tokenizer, argv + flags_to_argv(flags))
+        server = cls(tokenizer, argv + flags_to_argv(flags), make)
         if wait:
             server.wait_ready()
         return server

@@ -23,10 +23,16 @@ from scripts.deploy_api import AirflowApi
 from scripts.deploy_services import free_port_block
 
 #: Time compression for the faults (the only settings in which the tier differs from compose):
-#: a task whose worker died is failed, and retried, after 40 s without a heartbeat, not 300 s.
+#: a task whose worker died is failed, and retried, after 40 s without a heartbeat, not 300 s;
+#: a killed scheduler's or triggerer's work is taken over by its successor after 15 s without
+#: a heartbeat (both beat every 5 s), not 30 s, and a restarted scheduler looks for tasks its
+#: predecessor queued but never sent every 10 s, not every 300 s.
 TIME_COMPRESSION = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "40",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10",
+    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
 }
 #: Debian packages the tier needs (./dev setup installs them).
 NEEDED = {"/usr/sbin/sshd": "openssh-server", "/usr/bin/redis-server": "redis-server"}
@@ -64,6 +70,13 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
     finally:
         deployment.down(log=lambda msg: print(f"[tier] {msg}", flush=True))
         remove_database(deployment)  # root's clusters live in the postgres user's home
+
+
+@pytest.fixture(autouse=True)
+def no_faults_after(tier: Tier) -> Iterator[None]:
+    """Switch the stand-ins' faults off after each scenario (``Tier.set_faults``)."""
+    yield
+    tier.set_faults()
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,19 @@
-"""What the deployment scenarios read back: outputs in S3, task tries, task logs."""
+"""What the deployment scenarios read back: outputs in S3, task tries, task logs, servers."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from scripts.deploy import BUCKET, DAG_ID, Tier
 from scripts.deploy_api import AirflowApi
@@ -51,12 +59,62 @@ def assert_every_prompt_exactly_once(s3: Any, run_name: str) -> int:
     return len(prompts)
 
 
-def shard_plan(api: AirflowApi, run_id: str) -> list[dict[str, Any]]:
-    """Return the plan ``prepare_prompts`` returned: one entry per mapped shard, in order."""
-    entry = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/prepare_prompts/"
-                     "xcomEntries/return_value", params={"deserialize": True, "stringify": False})
+def task_result(api: AirflowApi, run_id: str, task_id: str, map_index: int = -1) -> Any:
+    """Return what a task instance returned (its ``return_value`` XCom)."""
+    params: dict[str, Any] = {"deserialize": True, "stringify": False}
+    if map_index >= 0:
+        params["map_index"] = map_index
+    entry = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/"
+                     "xcomEntries/return_value", params=params)
     value = entry["value"]
     return json.loads(value) if isinstance(value, str) else value
+
+
+def shard_plan(api: AirflowApi, run_id: str) -> list[dict[str, Any]]:
+    """Return the plan ``prepare_prompts`` returned: one entry per mapped shard, in order."""
+    return task_result(api, run_id, "prepare_prompts")
+
+
+def wait_for_tasks(tier: Tier, api: AirflowApi, run_id: str,
+                   found: Callable[[list[dict[str, Any]]], Any], what: str,
+                   timeout: float = 300.0) -> Any:
+    """Poll the run's task instances until ``found(tis)`` is truthy; return its value.
+
+    Fails, with each failed try's errors, when the run ends first or ``timeout`` passes.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tis = api.task_instances(DAG_ID, run_id)
+        if value := found(tis):
+            return value
+        if api.run_state(DAG_ID, run_id) in ("success", "failed"):
+            break
+        time.sleep(0.5)
+    pytest.fail(f"run {run_id}: never {what}:\n{failure_report(tier, api, run_id)}")
+
+
+def log_events(path: Path) -> list[str]:
+    """Return every event of a task log (what the task printed and logged), in order."""
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            events.append(str(json.loads(line).get("event")))
+        except ValueError:
+            continue
+    return events
+
+
+def writer_spans(s3: Any, journal_prefix: str) -> dict[str, tuple[int, int]]:
+    """Return, per journal writer (one generate try), the first and last time it wrote a
+    segment (ns, from the segment names ``part-<time_ns>-<writer>-<seq>.jsonl``)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for key in object_keys(s3, journal_prefix):
+        match = re.search(r"/part-(\d+)-([0-9a-f]+)-\d+\.jsonl$", key)
+        if match:
+            at, writer = int(match[1]), match[2]
+            first, last = spans.get(writer, (at, at))
+            spans[writer] = (min(first, at), max(last, at))
+    return spans
 
 
 def task_log(tier: Tier, run_id: str, ti: dict[str, Any]) -> Path:
@@ -109,17 +167,55 @@ def assert_run_succeeded(tier: Tier, api: AirflowApi, run_id: str, timeout: floa
         f"run {run_id} {state}; {unfinished[:8]}:\n{failure_report(tier, api, run_id)}")
 
 
-def trigger_and_wait(tier: Tier, api: AirflowApi, conf: dict[str, Any],
-                     timeout: float = 600.0) -> str:
-    """Trigger a run as a user does; return its id once it succeeded (fail with the causes)."""
-    run_id = api.trigger(DAG_ID, conf)
-    assert_run_succeeded(tier, api, run_id, timeout)
-    return run_id
-
-
 def shard_of(plan: list[dict[str, Any]], ti: dict[str, Any]) -> str:
     """Return the shard a mapped task instance works on (its rendered name, else the plan)."""
     rendered = ti.get("rendered_map_index") or ""
     if re.fullmatch(r"shard-\d+", rendered):
         return rendered
     return plan[ti["map_index"]]["shard_id"]
+
+
+class ServerWatch(threading.Thread):
+    """Record, every ``interval`` s, whether each server's process lives and its port answers.
+
+    ``down_since[url]`` is when a server that had been seen up was first seen down.
+    """
+
+    def __init__(self, servers: dict[str, int], interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.servers = servers  # url -> pid
+        self.interval = interval
+        self.seen_up: set[str] = set()
+        self.down_since: dict[str, float] = {}
+        self._stop_event = threading.Event()
+
+    @staticmethod
+    def _answers(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            return True  # a status is an answer
+        except OSError:
+            return False
+
+    def sample(self) -> None:
+        for url, pid in self.servers.items():
+            if os.path.exists(f"/proc/{pid}") and self._answers(url):
+                self.seen_up.add(url)
+            elif url in self.seen_up and url not in self.down_since:
+                self.down_since[url] = time.time()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> ServerWatch:
+        self.sample()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_event.set()
+        self.join()
+        self.sample()  # the state at the end, whatever the last interval missed

@@ -1,48 +1,41 @@
 """The DAG on the real deployment: Celery workers, scheduler, triggerer, api-server, Postgres,
-Redis, S3 and a GPU host over SSH, all started natively (``./dev up``'s tier, one per session).
+Redis, S3 and a GPU host over SSH, all started natively (``./dev up``'s tier, one per module).
 
-Each scenario triggers a run through the REST API with a user's token and ends with every
-prompt exactly once in the outputs in S3.
+Each scenario triggers a run through the REST API with a user's token and ends with the run
+succeeded and every prompt exactly once in the outputs in S3; together their tasks run on both
+Celery workers. Faults: a worker SIGKILLed
+mid-``generate``, the scheduler and the triggerer SIGKILLed and started again, two runs of one
+``run_name`` at once on the same servers, and a brownout of every server (the stand-ins'
+faults are switched through ``Tier.set_faults``, see ``sglang_standin.switchboard``).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import pytest
 
 from scripts.deploy import DAG_ID, WORKERS, Tier
-from scripts.deploy_api import AirflowApi
+from scripts.deploy_api import AirflowApi, unix_time
 from tests.deployment.runs import (
     GENERATE,
+    ServerWatch,
     assert_every_prompt_exactly_once,
     assert_run_succeeded,
     failure_report,
+    log_events,
     object_lines,
     shard_of,
     shard_plan,
     task_log,
-    trigger_and_wait,
+    task_result,
+    wait_for_tasks,
+    writer_spans,
 )
 
 pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeout(1200)]
-
-
-def test_a_small_run_succeeds_on_both_workers_with_every_prompt_once(
-    tier: Tier, api: AirflowApi, s3: Any
-) -> None:
-    run_id = trigger_and_wait(tier, api, tier.run_conf(run_name="small", shard_size=40))
-
-    tis = api.task_instances(DAG_ID, run_id)
-    ran_on = {ti["hostname"] for ti in tis if ti["state"] == "success"}
-    assert ran_on == set(WORKERS), f"tasks ran on {sorted(ran_on)}, not on both {WORKERS}"
-    assert sum(ti["task_id"] == GENERATE for ti in tis) >= 3
-    assert_every_prompt_exactly_once(s3, "small")
-    # TRANSFORMERS_VERBOSITY=error (deploy/airflow.env) reaches every task and the triggerer.
-    noisy = [ti["task_id"] for ti in tis if ti["try_number"] and "PyTorch was not found"
-             in task_log(tier, run_id, ti).read_text(errors="replace")]
-    assert not noisy, f"the PyTorch advisory is in the logs of {noisy}"
 
 
 def _generate_in_progress(tier: Tier, api: AirflowApi, s3: Any, run_id: str, run_name: str,
@@ -91,11 +84,7 @@ def test_a_worker_killed_mid_generate_is_retried_on_the_other_worker(
         final = tries[-1]
         assert final["try_number"] > killed["try_number"]
         assert final["state"] == "success" and final["hostname"] == survivor, final
-        result = api.call(
-            "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{GENERATE}/xcomEntries/"
-            "return_value", params={"map_index": victim_ti["map_index"], "deserialize": True,
-                    "stringify": False})
-        value = result["value"]
+        value = task_result(api, run_id, GENERATE, victim_ti["map_index"])
         # Resumed from the journal, and generated the rest itself: the killed try stopped.
         total = sum(value["counts"].values())
         assert 0 < value["resumed"] < total, f"retry resumed {value['resumed']} of {total}"
@@ -105,3 +94,135 @@ def test_a_worker_killed_mid_generate_is_retried_on_the_other_worker(
         if tier.procs.pid(victim) is None:
             tier.start_component(victim)
             tier.wait_worker_ready(victim, since=log_size)
+
+
+def _running_with_work_left(tis: list[dict[str, Any]]) -> bool:
+    """Whether a shard generates while another shard is not queued yet."""
+    generate = [ti for ti in tis if ti["task_id"] == GENERATE]
+    return any(ti["state"] == "running" for ti in generate) and \
+        any(ti["state"] in (None, "scheduled") for ti in generate)
+
+
+def _gates(tis: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [ti for ti in tis if ti["task_id"] == "wait_for_server"]
+
+
+def test_the_triggerer_and_the_scheduler_killed_mid_run_and_started_again(
+    tier: Tier, api: AirflowApi, s3: Any
+) -> None:
+    """Both restarts in one run, one after the other (a run's head and tail cost ~35 s): the
+    triggerer while every health gate is deferred, then the scheduler while shards generate
+    and others wait to be queued."""
+    # The servers "load the model" (/health 503) until this test says they are ready;
+    # slower "GPUs" give shards of some seconds, so the scheduler's kill lands among them.
+    tier.set_faults(hold_health=True, time_scale=0.1)
+    run_id = api.trigger(DAG_ID, tier.run_conf(run_name="restarts", shard_size=80))
+    gates = wait_for_tasks(tier, api, run_id, lambda tis: _gates(tis) if _gates(tis) and all(
+        ti["state"] == "deferred" for ti in _gates(tis)) else [], "deferred every health gate")
+    assert len(gates) == 3
+    tier.restart_component("triggerer")  # SIGKILL, as a crash; then start again
+    # Still waiting: the old triggerer is gone, only the new one can run the triggers.
+    assert {ti["state"] for ti in _gates(api.task_instances(DAG_ID, run_id))} == {"deferred"}
+    tier.set_faults(time_scale=0.1)  # the models finished loading
+
+    wait_for_tasks(tier, api, run_id, _running_with_work_left,
+                   "had a shard generating while another waited to be queued")
+    killed_at = tier.restart_component("scheduler")
+
+    assert_run_succeeded(tier, api, run_id, timeout=600)
+    tis = api.task_instances(DAG_ID, run_id)
+    # Each gate resumed from its trigger, not failed and retried in a worker.
+    assert [ti["try_number"] for ti in _gates(tis)] == [1, 1, 1], _gates(tis)
+    after = [ti["task_id"] for ti in tis if unix_time(ti["queued_when"]) > killed_at]
+    assert GENERATE in after, f"the new scheduler queued no shard (only {sorted(set(after))})"
+    assert_every_prompt_exactly_once(s3, "restarts")
+
+
+def _launched(api: AirflowApi, run_id: str) -> dict[str, dict[str, Any]]:
+    report = task_result(api, run_id, "launch_servers")
+    return {s["server"]["url"]: s for s in report["servers"]}
+
+
+def _teardown(tier: Tier, api: AirflowApi, run_id: str) -> tuple[dict[str, Any], str]:
+    ti = next(t for t in api.task_instances(DAG_ID, run_id) if t["task_id"] == "stop_servers")
+    return ti, "\n".join(log_events(task_log(tier, run_id, ti)))
+
+
+def test_a_backfill_beside_a_running_run_shares_servers_and_shards(
+    tier: Tier, api: AirflowApi, s3: Any
+) -> None:
+    # Slower "GPUs": the first run is still generating when the backfill's shards start.
+    tier.set_faults(time_scale=0.2)
+    first = api.trigger(DAG_ID, tier.run_conf(run_name="pair", shard_size=50))
+    wait_for_tasks(tier, api, first, lambda tis: any(
+        ti["task_id"] == GENERATE and ti["state"] == "running" for ti in tis),
+        "started generating")
+    servers = {url: s["pid"] for url, s in _launched(api, first).items()}
+    with ServerWatch(servers) as watch:
+        # Same run_name and preparation settings, three of the first run's eight shards.
+        second = api.trigger(DAG_ID, tier.run_conf(run_name="pair", shard_size=50,
+                                                   shard_range="5-7"))
+        assert_run_succeeded(tier, api, first, timeout=600)
+        assert_run_succeeded(tier, api, second, timeout=600)
+
+    # Leases: the backfill leased the first run's servers; the first teardown kept them up
+    # for the other run, the second one stopped them.
+    reused = _launched(api, second)
+    assert {url: s["pid"] for url, s in reused.items()} == servers
+    assert all(s["action"] == "reused" and s["leased"] for s in reused.values()), reused
+    (ti_a, log_a), (ti_b, log_b) = _teardown(tier, api, first), _teardown(tier, api, second)
+    (_, earlier_log), (later, later_log) = sorted(
+        [(ti_a, log_a), (ti_b, log_b)], key=lambda t: unix_time(t[0]["end_date"]))
+    for url in servers:
+        name = url.split("://", 1)[1]
+        assert "stopped: " + name not in earlier_log, earlier_log
+        assert re.search(re.escape(name) + r" \(GPU \d+\): kept for 1 other run", earlier_log), (
+            f"{name}: the first teardown did not keep it for the other run:\n{earlier_log}")
+        assert "stopped: " + name in later_log, f"{name}: not stopped last:\n{later_log}"
+    assert set(watch.down_since) == set(servers), f"not stopped: {watch.down_since}"
+
+    # Both Celery workers took tasks; TRANSFORMERS_VERBOSITY=error (deploy/airflow.env)
+    # reached every task: no PyTorch advisory in any log.
+    tis = {run: api.task_instances(DAG_ID, run) for run in (first, second)}
+    ran_on = {ti["hostname"] for run in tis for ti in tis[run] if ti["state"] == "success"}
+    assert ran_on == set(WORKERS), f"tasks ran on {sorted(ran_on)}, not on both {WORKERS}"
+    noisy = [(run, ti["task_id"]) for run in tis for ti in tis[run] if ti["try_number"]
+             and "PyTorch was not found" in task_log(tier, run, ti).read_text(errors="replace")]
+    assert not noisy, f"the PyTorch advisory is in the logs of {noisy}"
+    early = {u: t for u, t in watch.down_since.items() if t < unix_time(later["start_date"])}
+    assert not early, f"servers went down before the last teardown began: {early}"
+
+    # Claims: a shard both runs selected was generated by one; the other found it done.
+    plans = {run: {p["shard_id"]: i for i, p in enumerate(shard_plan(api, run))}
+             for run in (first, second)}
+    both = sorted(set(plans[first]) & set(plans[second]))
+    assert both, f"the backfill selected none of the running run's shards: {plans}"
+    for shard in both:
+        results = [task_result(api, run, GENERATE, plans[run][shard]) for run in plans]
+        generated = [r for r in results if not r["already_done"]]
+        assert len(generated) == 1, f"{shard}: generated by {len(generated)} runs: {results}"
+        spans = sorted(writer_spans(s3, f"runs/pair/journal/{shard}/").values())
+        assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False)), (
+            f"{shard}: two writers at once: {spans}")
+    assert_every_prompt_exactly_once(s3, "pair")
+
+
+def test_a_brownout_of_every_server_mid_run_is_waited_out(
+    tier: Tier, api: AirflowApi, s3: Any
+) -> None:
+    tier.set_faults(time_scale=0.3)
+    # The issue's 30 s brownout and the engine's 5-30 s cool-downs, both compressed 3x.
+    conf = tier.run_conf(run_name="brownout", shard_size=190, cool_down_s=1.5,
+                         cool_down_max_s=10)
+    run_id = api.trigger(DAG_ID, conf)
+    _generate_in_progress(tier, api, s3, run_id, "brownout")
+    # Every server answers 503 "queue full" for 10 s (alive: /health stays 200).
+    tier.set_faults(time_scale=0.3, brownout_until=time.time() + 10)
+
+    assert_run_succeeded(tier, api, run_id, timeout=600)
+    plan = shard_plan(api, run_id)
+    results = [task_result(api, run_id, GENERATE, i) for i in range(len(plan))]
+    # The brownout was felt (retries, by reason), and no prompt was given up on.
+    assert sum(sum(r["retries"].values()) for r in results) > 0, f"no retry: {results}"
+    assert all(r["counts"]["failed"] == 0 for r in results), results
+    assert_every_prompt_exactly_once(s3, "brownout")
