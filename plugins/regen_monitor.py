@@ -3,8 +3,10 @@
 Mounted in the API server at ``/regen-monitor`` (``fastapi_apps``) and linked from the UI's
 navigation (``external_views``, shown in an iframe under Browse). It reads the runs' own
 manifests and journals under the deployment's ``output_root`` (``REGEN_OUTPUT_ROOT``) through
-``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root. The
-page has no state of its own and no second source of truth.
+``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root, and
+what Airflow scheduled for them from Airflow's own database (``include.reporting.airflow_runs``:
+each run's state, its shards running / queued / failed / done, with links to the run and to
+each shard's task log in the UI). The page has no state of its own.
 
 Airflow mounts a plugin's app without its own authentication, so every route here requires
 what the DAG's run pages require: a signed-in Airflow user (the UI's ``_token`` cookie or an
@@ -21,6 +23,7 @@ in the API server (``LazyApp``) rather than at import.
 from __future__ import annotations
 
 import html
+import logging
 import time
 from functools import cache
 from typing import Any
@@ -30,6 +33,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+log = logging.getLogger(__name__)
 URL_PREFIX = "/regen-monitor"
 REFRESH_S = 10
 
@@ -51,6 +55,36 @@ def _monitor() -> Any:
     store = open_store(deployment.output_root, read_only=True,
                        s3_conn_id=deployment.s3_conn_id)
     return RunMonitor(store)
+
+
+def _ui_base() -> str:
+    """Return the path the Airflow UI is served under (``[api] base_url``'s path, or "")."""
+    from urllib.parse import urlsplit
+
+    from airflow.configuration import conf
+
+    return urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
+
+
+def page_state() -> dict[str, Any]:
+    """Return what the page shows: the runs' files, with Airflow's runs attached to them.
+
+    Airflow's side failing (its database busy or unreachable) leaves the rest of the page
+    working; the error is shown instead of the runs' states.
+    """
+    from include.reporting.airflow_runs import attach, query_runs
+    from include.reporting.monitor import DAG_ID
+
+    error = None
+    try:
+        airflow_runs = query_runs(DAG_ID, _ui_base())
+    except Exception as exc:  # noqa: BLE001 - any failure: show the files, say what failed
+        log.warning("monitor: could not read the runs of %s from Airflow", DAG_ID,
+                    exc_info=True)
+        airflow_runs, error = [], f"{type(exc).__name__}: {exc}"
+    runs, others = attach(_monitor().live_runs(), airflow_runs)
+    return {"output_root": output_root(), "runs": runs, "other_airflow_runs": others,
+            "airflow_error": error}
 
 
 def _duration(seconds: float | None) -> str:
@@ -103,7 +137,13 @@ _CSS = (
     ".chip.tokenizing{border-left-color:var(--up_for_retry)}"
     ".bar{width:60px;height:6px;background:var(--bg-muted);border-radius:3px;overflow:hidden}"
     ".bar i{display:block;height:100%;background:var(--running)}"
-    ".ok{color:var(--ok)}.bad{color:var(--bad)}")
+    ".ok{color:var(--ok)}.bad{color:var(--bad)}"
+    # Airflow's runs: run state badges and shard chips in Airflow's task-state colours.
+    ".badge.af-running{background:var(--running)}.badge.af-success{background:var(--success)}"
+    ".badge.af-failed{background:var(--failed)}a.badge{text-decoration:none}"
+    ".afrun{margin:2px 0 6px}.afrun>div{margin:2px 0}a.chip{color:inherit;text-decoration:none}"
+    ".chip.running{border-left-color:var(--running)}.chip.failed{border-left-color:var(--failed)}"
+    ".chip.done{border-left-color:var(--success)}summary{cursor:pointer}")
 # Follow the colour mode of the Airflow UI framing the page (its <html> class, live), else the
 # one the UI stored ("theme" in this origin's localStorage), else the system's.
 _COLOUR_MODE_JS = (
@@ -178,23 +218,75 @@ def _location(run: dict[str, Any], loc: dict[str, Any]) -> str:
         + _chips("generating", "Generating", generating, bars)
         + _chips("tokenizing", "Generated, tokenizing", loc["tokenizing"])
         + _chips("left", "Left", loc["left"] or [])
+        + _airflow_part(loc.get("airflow_runs", []))
         + (f"<div class='part'><h3>Servers</h3>{servers}</div>" if servers else "")
         + (f"<div class='part'><h3>Reports</h3>{reports}</div>" if reports else "")
         + "</section>")
 
 
-def render_page(runs: list[dict[str, Any]], root: str) -> str:
-    """Return the monitor page for run states from ``RunMonitor.live_runs``."""
+def _shard_chip(kind: str, shard: dict[str, Any]) -> str:
+    step = "" if kind == "done" else (
+        f" <span class='muted'>{html.escape(shard['task'].split('.')[-1])} "
+        f"{html.escape(shard['state'] or 'not scheduled')}</span>")
+    return (f"<a class='chip {kind}' data-shard='{html.escape(shard['shard_id'])}' "
+            f"href='{html.escape(shard['url'])}' target='_top' title='task log'>"
+            f"{html.escape(shard['shard_id'])}{step}</a>")
+
+
+def _airflow_run(run: dict[str, Any], with_name: bool = False) -> str:
+    from include.reporting.airflow_runs import SHARD_CLASSES
+
+    counts = run["shard_counts"]
+    summary = ", ".join(f"{counts[c]} {c}" for c in SHARD_CLASSES if counts[c])
+    rows = []
+    for kind in SHARD_CLASSES:
+        shards = run["shards"][kind]
+        if not shards:
+            continue
+        chips = "".join(_shard_chip(kind, s) for s in shards)
+        # Done shards are many and need no attention: folded away.
+        rows.append(f"<details data-part='af-{kind}'><summary class='muted'>{kind} "
+                    f"({len(shards)})</summary>{chips}</details>" if kind == "done" else
+                    f"<div data-part='af-{kind}'>{chips}</div>")
+    name = f"<b>{html.escape(run['run_name'])}</b> " if with_name else ""
+    state = html.escape(str(run["state"]))
+    return (f"<div class='afrun' data-run-id='{html.escape(run['run_id'])}'>{name}"
+            f"<a class='badge af-{state}' data-key='af-state' href='{html.escape(run['url'])}' "
+            f"target='_top'>{state}</a> <a data-key='af-run' href='{html.escape(run['url'])}' "
+            f"target='_top'>{html.escape(run['run_id'])}</a> <span class='muted'>"
+            f"{html.escape(summary or 'no shard tasks yet')}</span>{''.join(rows)}</div>")
+
+
+def _airflow_part(runs: list[dict[str, Any]]) -> str:
+    if not runs:
+        return ""
+    return ("<div class='part' data-part='airflow'><h3>Airflow runs (newest first; names "
+            "link to task logs)</h3>" + "".join(_airflow_run(r) for r in runs) + "</div>")
+
+
+def render_page(state: dict[str, Any]) -> str:
+    """Return the monitor page for ``page_state()``."""
     from include.reporting.monitor import DAG_ID, RATE_WINDOW_S
 
-    body = "".join(_location(r, loc) for r in runs for loc in r["locations"]) or (
+    root = state["output_root"]
+    body = "".join(_location(r, loc) for r in state["runs"] for loc in r["locations"]) or (
         "<p>No runs under this location yet.</p>")
+    others = state["other_airflow_runs"]
+    if state["airflow_error"]:
+        body = (f"<p class='bad' data-key='airflow-error'>Airflow's run states could not be "
+                f"read: {html.escape(state['airflow_error'])}</p>") + body
+    elif others:
+        body = ("<section class='run' data-run='' data-location=''><header><h2>Airflow runs "
+                "with no outputs here yet</h2></header><div class='part'>"
+                + "".join(_airflow_run(r, with_name=True) for r in others)
+                + "</div></section>") + body
+    dag_url = html.escape(_ui_base() + f"/dags/{DAG_ID}")
     return (
         "<!doctype html><html class='light'><head><meta charset='utf-8'>"
         f"<title>Drafter data runs</title><script>{_COLOUR_MODE_JS}</script>"
         f"<style>{_CSS}</style></head><body><h1>Drafter data runs</h1>"
         f"<p class='muted'>Output location <code>{html.escape(root)}</code>; DAG "
-        f"<a href='/dags/{DAG_ID}' target='_top'>{DAG_ID}</a>. Tokens/s and ETA from the "
+        f"<a href='{dag_url}' target='_top'>{DAG_ID}</a>. Tokens/s and ETA from the "
         f"journals' own timestamps over their last {RATE_WINDOW_S:.0f} s; refreshed every "
         f"{REFRESH_S} s.</p><main id='runs' data-read='{time.time():.0f}'>{body}</main>"
         f"<script>{_REFRESH_JS}</script></body></html>")
@@ -227,11 +319,11 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
-        return render_page(_monitor().live_runs(), output_root())
+        return render_page(page_state())
 
     @app.get("/api/runs")
     def runs() -> JSONResponse:
-        return JSONResponse(_monitor().live_runs())
+        return JSONResponse(page_state())
 
     @app.get("/files/{key:path}")
     def report_file(key: str) -> Response:
@@ -268,4 +360,4 @@ class RegenMonitorPlugin(AirflowPlugin):
                        "category": "browse"}]
 
 
-__all__ = ["LazyApp", "RegenMonitorPlugin", "create_app", "render_page"]
+__all__ = ["LazyApp", "RegenMonitorPlugin", "create_app", "page_state", "render_page"]

@@ -6,11 +6,21 @@ the all-admins shortcut) and FAB, as compose runs it. Without a session every ro
 plugin is refused; with a token or the UI's session cookie it answers; a user logging in
 through the real login form lands on the page with the run's data (screenshots are kept under
 ``var/test-artifacts/``).
+
+A second run, ``watched``, is the DAG itself run once under ``airflow dags test`` on the simple
+manager's database (one shard, one stand-in server the DAG's launcher starts): while it
+generates, Airflow's REST API names the running shard task by its shard and the page shows the
+run running with that shard; afterwards the page shows the run's state and its shard with
+links that open the run and the shard's task in Airflow's UI, and no task logged an error.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +30,10 @@ import pytest
 
 from include.reporting import QualityGates, build_report
 from include.storage import LocalStore
+from sglang_standin.process import shell_launch_command
 from tests.fixtures.airflow_server import AirflowServer, airflow_server
+from tests.fixtures.ports import free_port_block
+from tests.fixtures.settings import deployment_env, split
 from tests.integration.plugins.browser import Browser, chromium_path
 from tests.integration.reporting.real_run import build_run, run_settings, start_servers
 
@@ -30,6 +43,7 @@ ARTIFACTS = ROOT / "var" / "test-artifacts"
 PAGE = "/regen-monitor/"
 RUNS = "/regen-monitor/api/runs"
 HTML = "text/html,application/xhtml+xml"
+DAG_ID = "regenerate_drafter_data"
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +133,7 @@ def test_with_a_token_or_the_session_cookie_the_routes_work(simple, small_run) -
     token = simple.token("vera")  # the least role: viewer
     r = simple.request(RUNS, token=token)
     assert r.status == 200
-    (run,) = r.json()  # type: ignore[misc]
-    loc = run["locations"][0]
+    loc = _run(r.json(), "small")["locations"][0]
     assert (loc["shards_done"], loc["shards_running"], loc["shards_left"]) == (2, 1, 1)
     assert [g["shard_id"] for g in loc["generating"]] == [small_run["generating"]]
     assert loc["servers"] and all(s["health"] == "healthy" for s in loc["servers"])
@@ -143,6 +156,11 @@ def test_with_a_token_or_the_session_cookie_the_routes_work(simple, small_run) -
     assert mine["external_views"][0]["href"] == PAGE
 
 
+def _run(state: Any, name: str) -> dict[str, Any]:
+    """Return the run folder ``name`` of the monitor's ``/api/runs`` answer."""
+    return next(r for r in state["runs"] if r["run_name"] == name)
+
+
 def _assert_page_shows_the_run(browser: Browser, small_run: dict[str, Any],
                                frame: str = "document") -> None:
     def text(selector: str) -> str:
@@ -162,14 +180,19 @@ def _background(browser: Browser, frame: str = "document") -> str:
     return str(browser.evaluate(f"getComputedStyle({frame}.body).backgroundColor"))
 
 
-def test_login_form_leads_to_the_page_with_the_run(simple, small_run, browser) -> None:
-    browser.goto(simple.base + PAGE, until="document.querySelector('input[name=password]')")
+def _log_in(browser: Browser, server: AirflowServer, user: str) -> None:
+    """Open the page without a session and log in through the simple manager's form."""
+    browser.goto(server.base + PAGE, until="document.querySelector('input[name=password]')")
     assert "/auth/login" in browser.url()
-    browser.type_into("input[name=username]", "vera")
-    browser.type_into("input[name=password]", simple.passwords["vera"])
+    browser.type_into("input[name=username]", user)
+    browser.type_into("input[name=password]", server.passwords[user])
     browser.click("button[type=submit]")
     browser.wait_for("document.querySelector('main#runs section.run')")
-    assert browser.url() == simple.base + PAGE
+    assert browser.url() == server.base + PAGE
+
+
+def test_login_form_leads_to_the_page_with_the_run(simple, small_run, browser) -> None:
+    _log_in(browser, simple, "vera")
     assert "_token" in browser.cookies()
     _assert_page_shows_the_run(browser, small_run)
     light = _background(browser)
@@ -219,3 +242,136 @@ def test_fab_refuses_anonymous_and_public_users_and_serves_a_viewer(fab, small_r
     assert browser.url() == fab.base + PAGE
     _assert_page_shows_the_run(browser, small_run)
     browser.screenshot(ARTIFACTS / "regen_monitor_page_fab.png")
+
+
+# --- Airflow's side: a real run of the DAG on the simple manager's database -------------------
+#: Generation slow enough (a few seconds for the shard) to be watched while it runs.
+WATCHED_SERVER_ARGS = ["--enable-metrics", "--standin-time-scale", "0.1",
+                       "--standin-median-output-tokens", "150",
+                       "--standin-warmup-seconds", "0.05", "--reasoning-parser", "qwen3"]
+
+
+def _watched_conf(small_run: dict[str, Any], tokenizer_dir: Path, tmp: Path) -> dict[str, Any]:
+    """The flat conf of the watched run: one shard of the sample prompts, one server."""
+    return {
+        "output_uri": small_run["root"], "run_name": "watched", "shard_size": 100,
+        "shard_range": "0", "model_path": str(tokenizer_dir),
+        "served_model_name": "Qwen/Qwen3.6-27B", "context_length": 800, "max_tokens": 300,
+        "min_completion_tokens": 64, "max_truncation_rate": 1.0, "progress_interval_s": 2,
+        "gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}], "port_base": free_port_block(1),
+        "server_launch_command": shell_launch_command(), "server_log_dir": str(tmp / "servers"),
+        "extra_server_args": WATCHED_SERVER_ARGS, "launch_timeout_s": 60,
+    }
+
+
+def _airflow_runs(state: Any) -> list[dict[str, Any]]:
+    """Every Airflow run in a ``/api/runs`` answer, in run sections or not."""
+    return [*state["other_airflow_runs"], *(a for r in state["runs"] for loc in r["locations"]
+                                            for a in loc["airflow_runs"])]
+
+
+@pytest.fixture(scope="module")
+def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str, Any]:
+    """Run the DAG once under ``airflow dags test`` on ``simple``'s database; while it runs,
+    keep the first REST answer listing a running ``shard.generate`` with a name and the first
+    monitor answer showing a running shard. Return those, the run id and the run's output."""
+    tmp = tmp_path_factory.mktemp("watched")
+    run, deployment = split(_watched_conf(small_run, tokenizer_dir, tmp))
+    env = {**simple.env, **deployment_env(deployment),
+           "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "REGEN_MAX_ACTIVE_SHARDS": "1"}
+    out_path = tmp / "dags-test.log"
+    token = simple.token("vera")
+    seen: dict[str, Any] = {}
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(sys.executable).parent / "airflow"), "dags", "test",
+             DAG_ID, "-c", json.dumps(run)], env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None and len(seen) < 2:
+                # SQLite is shared with the run: a busy answer is asked again.
+                if "rest" not in seen:
+                    r = simple.request(f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances"
+                                       "?task_id=shard.generate&state=running", token=token)
+                    tis = r.json()["task_instances"] if r.status == 200 else []  # type: ignore[index]
+                    # The task is running a moment before its name is rendered: wait for it.
+                    if any(ti["rendered_map_index"] != str(ti["map_index"]) for ti in tis):
+                        seen["rest"] = tis
+                if "monitor" not in seen:
+                    r = simple.request(RUNS, token=token)
+                    running = [a for a in _airflow_runs(r.json()) if a["shards"]["running"]
+                               ] if r.status == 200 else []
+                    if running:
+                        seen["monitor"] = running
+                time.sleep(0.2)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    output = out_path.read_text()
+    assert proc.returncode == 0 and "state=success" in output, output[-4000:]
+    runs = simple.request(f"/api/v2/dags/{DAG_ID}/dagRuns", token=token).json()
+    (run_id,) = [r["dag_run_id"] for r in runs["dag_runs"]  # type: ignore[index]
+                 if (r["conf"] or {}).get("run_name") == "watched"]
+    return {"seen": seen, "output": output, "run_id": run_id}
+
+
+def test_while_a_shard_generates_airflow_names_it_and_the_page_shows_it_running(
+        watched_run) -> None:
+    seen = watched_run["seen"]
+    assert set(seen) == {"rest", "monitor"}, (
+        f"the run ended before a running shard was seen: {sorted(seen)}; "
+        + watched_run["output"][-2000:])
+    # The grid's name for a running shard task is its shard, not its map index.
+    (ti,) = seen["rest"]
+    assert (ti["task_id"], ti["map_index"], ti["state"]) == ("shard.generate", 0, "running")
+    assert ti["rendered_map_index"] == "shard-00000"
+    (run,) = seen["monitor"]
+    assert (run["run_id"], run["run_name"], run["state"]) == (
+        watched_run["run_id"], "watched", "running")
+    (shard,) = run["shards"]["running"]
+    assert (shard["shard_id"], shard["task"]) == ("shard-00000", "shard.generate")
+
+
+def test_a_successful_run_logs_no_error(watched_run) -> None:
+    # What a person reads in the task logs: no ERROR line (the PyTorch advisory was one).
+    errors = [line for line in watched_run["output"].splitlines()
+              if re.search(r"\bERROR\b|\[error\s*\]", line)]
+    assert errors == []
+    assert "[DAG TEST] end task task_id=report" in watched_run["output"]
+
+
+def test_the_page_shows_airflow_s_run_with_links_to_the_run_and_shard_logs(
+        simple, watched_run, browser) -> None:
+    run_id = watched_run["run_id"]
+    state = simple.request(RUNS, token=simple.token("vera")).json()
+    (loc,) = _run(state, "watched")["locations"]
+    assert [a["run_id"] for a in loc["airflow_runs"]] == [run_id]
+    assert state["airflow_error"] is None
+
+    _log_in(browser, simple, "vera")
+    section = f"[data-run=watched][data-location='.'] [data-run-id={json.dumps(run_id)}]"
+    browser.wait_for(f"document.querySelector({json.dumps(section)})")
+
+    def read(selector: str, js: str) -> str:
+        """Return ``element.<js>`` of the element at ``selector`` in the run's row."""
+        return str(browser.evaluate(
+            f"document.querySelector({json.dumps(section + ' ' + selector)})?.{js}"))
+
+    assert read("[data-key=af-state]", "textContent") == "success"
+    assert browser.evaluate(
+        f"[...document.querySelectorAll({json.dumps(section + ' [data-part=af-done] .chip')})]"
+        ".map(e => e.dataset.shard)") == ["shard-00000"]
+    browser.screenshot(ARTIFACTS / "regen_monitor_airflow_run.png")
+    run_link = read("[data-key=af-run]", "getAttribute('href')")
+    log_link = read("[data-shard=shard-00000]", "getAttribute('href')")
+    assert log_link == run_link + "/tasks/shard.generate/mapped/0"
+
+    # The links open Airflow's own pages of the run and of the shard's task.
+    browser.goto(simple.base + run_link,
+                 until=f"document.body.innerText.includes({json.dumps(run_id)})")
+    browser.goto(simple.base + log_link,
+                 until="document.body.innerText.includes('shard-00000')")
+    text = browser.text()
+    assert "generate" in text and "Page not found" not in text, text[:1000]
+    browser.screenshot(ARTIFACTS / "regen_monitor_shard_task.png")
