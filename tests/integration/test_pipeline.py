@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -120,6 +121,9 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     out = proc.stdout + proc.stderr
     assert key not in out
     assert "Task failed" not in out  # no task failed and was retried on the way
+    # A person reads these logs: a successful run has no ERROR line (e.g. the PyTorch advisory).
+    errors = [line for line in out.splitlines() if re.search(r"\bERROR\b|\[error\s*\]", line)]
+    assert not errors, errors[:10]
     assert not [k for k, v in _keys(s3_bucket, "").items() if key.encode() in v]
     assert _airflow_db_holds(airflow_env, key) == []
     # The grid names each mapped task: shard tasks by shard, health gates by host:port.
