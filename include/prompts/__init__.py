@@ -1,16 +1,10 @@
 """The prepare stage: read the source datasets, filter, dedupe, sample, cut into shards."""
 
-from include.prompts.prepare import (
-    DROP_REASONS,
-    MANIFEST_KEY,
-    PrepareError,
-    format_funnel,
-    prepare_prompts,
-    read_shard,
-    read_shard_by_id,
-    shard_id,
-    shard_key,
-)
+from include.layout import MANIFEST_KEY, shard_id, shard_key
+from include.prompts.errors import PrepareError
+from include.prompts.funnel import DROP_REASONS, format_funnel
+from include.prompts.prepare import prepare_prompts
+from include.prompts.shards import read_shard, read_shard_by_id
 
 __all__ = [
     "DROP_REASONS",

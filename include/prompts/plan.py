@@ -15,13 +15,9 @@ import logging
 import re
 from typing import Any
 
-from include.prompts.prepare import (
-    MANIFEST_KEY,
-    PrepareError,
-    prepare_prompts,
-    shard_id,
-    shard_index,
-)
+from include.layout import MANIFEST_KEY, shard_id, shard_index, tokenized_keys
+from include.prompts.errors import PrepareError
+from include.prompts.prepare import prepare_prompts
 from include.prompts.schemas import UnknownLayoutError
 from include.settings import PREPARATION_SETTINGS, RunSettings, SettingsError
 from include.storage import Store, open_store
@@ -86,7 +82,7 @@ def select_shards(
         sid = shard_id(n)
         if manifest["shards"][n]["count"] == 0:
             continue
-        if outputs.exists(f"tokenized/{sid}.manifest.json"):
+        if outputs.exists(tokenized_keys(n)[2]):  # its manifest: written last
             complete.append(sid)
         else:
             todo.append(sid)

@@ -1,10 +1,14 @@
 """Run a sequence of independent jobs on two cores and take their results in order.
 
 The prepare stage reads and normalises each source independently and only then dedupes them
-in settings order; the first part is most of the work. ``map_in_order`` lets one forked worker
-process claim jobs from the same queue as the caller, so both cores work while the caller still
+in settings order; the first part is most of the work. ``map_in_order`` lets one worker
+process claim jobs from the same list as the caller, so both cores work while the caller still
 consumes the results strictly in job order (an error surfaces where the job that raised it
 stands in that order, as it would in a plain loop).
+
+The worker is a ``ProcessPoolExecutor`` process started with ``spawn``: a fork of a process
+that runs threads (a Celery worker, the Airflow task runner) can inherit a lock held by a
+thread that does not exist in the child, and hang on it.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
-import tempfile
-import traceback
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from logging.handlers import QueueHandler, QueueListener
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -24,7 +29,7 @@ T = TypeVar("T")
 
 
 class WorkerError(RuntimeError):
-    """The worker process died, or raised something that could not be sent back."""
+    """The worker process died before sending a job's result back."""
 
 
 def usable_cpus() -> int:
@@ -44,110 +49,142 @@ def map_in_order(
 ) -> Iterator[T]:
     """Yield ``work(0)``, ..., ``work(jobs - 1)`` in order; raise what a job raised, in turn.
 
-    With ``parallel``, a worker forked now claims jobs from a shared counter, as the caller
-    does between the results it yields: each job runs once, in whichever process is free.
-    Jobs are claimed in ``claim_order`` (default: job order); the longest first balances
-    the two processes best.
-    ``work`` runs in the worker on the state forked with it, so it must return a picklable
-    result and must not depend on what the caller does after the fork. Results are pickled
-    back through a file each (the pipe carries only their names, so the worker never waits for
-    the caller to read). Without ``parallel``, or where ``fork`` is unavailable, it is a
+    With ``parallel``, a worker process claims jobs from the same list as the caller does
+    between the results it yields: each job runs once, in whichever process is free. Jobs
+    are claimed in ``claim_order`` (default: job order); the longest first balances the two
+    processes best. The caller takes the first. ``work`` must be picklable (a module-level
+    function, or a ``functools.partial`` of one) and so must its results; the worker starts
+    from a fresh interpreter, so ``work`` must not depend on state the caller set up. The
+    worker's log records are handled by the caller's loggers. Without ``parallel`` it is a
     plain loop.
     """
-    if not parallel or jobs < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if not parallel or jobs < 2:
         for i in range(jobs):
             yield work(i)
         return
     order = list(range(jobs)) if claim_order is None else list(claim_order)
     if sorted(order) != list(range(jobs)):
         raise ValueError(f"claim_order must order the jobs 0..{jobs - 1}, got {order}")
-    ctx = multiprocessing.get_context("fork")
-    counter = ctx.Value("i", 1)  # the caller takes the first job before the fork: which
-    # process runs which job (and holds its memory) does not depend on who is quicker
-    receive, send = ctx.Pipe(duplex=False)
-    results = tempfile.TemporaryDirectory(prefix="prepare-results-")
-    worker = ctx.Process(
-        target=_worker,
-        args=(order, work, counter, send, results.name),
-        name="prepare-worker",
-        daemon=True,
-    )
-    worker.start()
-    send.close()  # only the worker's end stays open: a dead worker reads as EOF here
-    done: dict[int, tuple[Any, BaseException | None]] = {}
-    try:
+    yield from _Jobs(order, work).results()
+
+
+class _Jobs:
+    """The jobs of one ``map_in_order`` call, shared out between the caller and the worker."""
+
+    def __init__(self, order: list[int], work: Callable[[int], Any]) -> None:
+        self.jobs = len(order)
+        self.work = work
+        self.claims = iter(order)
+        self.lock = threading.Lock()  # the caller and the pool's thread both claim jobs
+        self.remote: dict[int, Future[Any]] = {}  # jobs the worker claimed
+        self.stopped = False
+
+    def claim(self) -> int | None:
+        with self.lock:
+            return next(self.claims, None)
+
+    def results(self) -> Iterator[Any]:
+        ctx = multiprocessing.get_context("spawn")
+        records = ctx.Queue()
+        listener = QueueListener(records, _ToLoggers())
+        before = set(multiprocessing.active_children())
+        self.pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=ctx,
+            initializer=_start_worker,
+            initargs=(records, logging.getLogger().getEffectiveLevel()),
+        )
+        listener.start()
+        finished = False
+        try:
+            # The caller claims first: which process runs which job (and holds its memory)
+            # does not depend on how fast the worker starts.
+            i = self.claim()
+            self.feed_worker()
+            yield from self._in_order(i)
+            finished = True
+        finally:
+            with self.lock:
+                self.stopped = True
+            self.pool.shutdown(wait=finished, cancel_futures=True)
+            if not finished:
+                # A job failed or the caller stopped early: the worker's job is not waited
+                # for. The pool's process is the child started since ``before``.
+                for process in set(multiprocessing.active_children()) - before:
+                    process.terminate()
+                    process.join()
+            listener.stop()
+            records.close()
+
+    def feed_worker(self, done: Future[Any] | None = None) -> None:
+        """Give the worker its next job: first from the caller, then when it finishes one."""
+        if done is not None and (done.cancelled() or done.exception() is not None):
+            return  # the caller raises it and stops; later jobs would be wasted
+        with self.lock:
+            if self.stopped:
+                return
+            i = next(self.claims, None)
+            if i is None:
+                return
+            try:
+                future = self.pool.submit(self.work, i)
+            except Exception as exc:  # a broken pool: the caller raises it in turn
+                future = Future()
+                future.set_exception(exc)
+            self.remote[i] = future
+        future.add_done_callback(self.feed_worker)
+
+    def _in_order(self, i: int | None) -> Iterator[Any]:
+        jobs = self.jobs
+        local: dict[int, tuple[Any, BaseException | None]] = {}  # jobs the caller ran
         nxt = 0
-        i: int | None = order[0]
         while nxt < jobs:
             if i is not None:
                 try:
-                    done[i] = (work(i), None)
+                    local[i] = (self.work(i), None)
                 except Exception as exc:  # re-raised in turn, as in a plain loop
-                    done[i] = (None, exc)
-            while nxt not in done and (i is None or receive.poll()):
-                # Nothing left to claim: wait for the worker; else take what it has finished.
-                _receive(receive, done, worker)
-            while nxt in done:
-                result, error = done.pop(nxt)
+                    local[i] = (None, exc)
+            while nxt < jobs:
+                if nxt in local:
+                    result, error = local.pop(nxt)
+                else:
+                    # Every job is claimed by the caller (in ``local``) or by the worker (in
+                    # ``remote``, under the lock): not in either means not claimed yet.
+                    with self.lock:
+                        pending = self.remote.get(nxt)
+                    assert pending is not None or i is not None, f"job {nxt} was never claimed"
+                    if pending is None or (i is not None and not pending.done()):
+                        break  # the caller runs a job of its own before it waits
+                    with self.lock:
+                        del self.remote[nxt]  # its result is freed once yielded
+                    result, error = _outcome(pending)
                 if error is not None:
                     raise error
                 yield result
                 nxt += 1
-            i = _claim(counter, order)
-        worker.join()
-    finally:
-        if worker.is_alive():  # the caller stopped early or a job failed: stop the worker
-            worker.terminate()
-            worker.join()
-        receive.close()
-        results.cleanup()
+            i = self.claim()
 
 
-def _claim(counter: Any, order: list[int]) -> int | None:
-    with counter.get_lock():
-        n = counter.value
-        if n >= len(order):
-            return None
-        counter.value = n + 1
-        return order[n]
-
-
-def _receive(receive: Any, done: dict[int, tuple[Any, BaseException | None]], worker: Any) -> None:
+def _outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
     try:
-        i, path = receive.recv()
-    except EOFError:
-        worker.join()
+        return future.result(), None
+    except BrokenProcessPool as exc:  # its cause says more where the pool knows it
         raise WorkerError(
-            f"the prepare worker process exited (code {worker.exitcode}) before finishing its "
-            "jobs; if it was killed for memory, lower the input size or run on one core"
-        ) from None
-    with open(path, "rb") as fh:
-        done[i] = pickle.load(fh)
-    os.unlink(path)
+            f"the prepare worker process exited before finishing its jobs ({exc}); if it was "
+            "killed for memory, lower the input size or run on one core"
+        ) from exc
+    except Exception as exc:
+        return None, exc
 
 
-def _worker(
-    order: list[int], work: Callable[[int], Any], counter: Any, send: Any, directory: str
-) -> None:
-    try:
-        while (i := _claim(counter, order)) is not None:
-            try:
-                outcome: tuple[Any, BaseException | None] = (work(i), None)
-            except Exception as exc:
-                outcome = (None, exc)
-            path = os.path.join(directory, f"{i}.pickle")
-            with open(path, "wb") as fh:
-                try:
-                    pickle.dump(outcome, fh, protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception as exc:  # an unpicklable result or exception
-                    detail = "".join(traceback.format_exception_only(exc)).strip()
-                    error = WorkerError(f"job {i}: cannot send its result back ({detail})")
-                    fh.seek(0)
-                    fh.truncate()
-                    pickle.dump((None, error), fh)
-                    outcome = (None, error)
-            send.send((i, path))
-            if outcome[1] is not None:
-                return  # the caller raises it and stops; later jobs would be wasted
-    finally:
-        send.close()
+class _ToLoggers(logging.Handler):
+    """Hands each record from the worker to the caller's logger of the same name."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger(record.name).handle(record)
+
+
+def _start_worker(records: Any, level: int) -> None:
+    root = logging.getLogger()
+    root.handlers[:] = [QueueHandler(records)]
+    root.setLevel(level)

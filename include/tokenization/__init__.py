@@ -1,16 +1,15 @@
 """Tokenizer access shared by every stage, and the tokenization stage itself."""
 
-from include.tokenization.stage import (
+from include.tokenization.assembly import TokenizeOptions
+from include.tokenization.chat import ChatTokenizer
+from include.tokenization.checks import tokenize_completions
+from include.tokenization.outputs import (
     DROP_REASONS,
     QUARANTINE_REASONS,
-    ChatTokenizer,
     Sample,
-    TokenizeOptions,
     TokenizeResult,
-    tokenize_completions,
-    tokenize_shard,
-    tokenized_keys,
 )
+from include.tokenization.stage import tokenize_shard, tokenized_keys
 from include.tokenization.tokenizer import (
     TokenizerError,
     count_prompt_tokens,

@@ -1,13 +1,17 @@
 """The prepare stage's column-wise paths and its worker give exactly what the plain forms give.
 
-The row-by-row path (a dict per row through ``Kind.turns``, ``to_messages``, ``_metadata``,
-``dedupe_key`` and ``encode_record``) is the reference; the column-wise paths for flat layouts
-and lists of turns, and the forked worker, must not change a byte of the output.
+The row-by-row path (``rows.read_rows``: a dict per row through ``Kind.turns``,
+``to_messages``, ``rows.metadata``, ``dedupe_key`` and ``encode_record``) is the reference; the
+column-wise paths for flat layouts and lists of turns (``columns``), and the worker process,
+must not change a byte of the output.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -19,8 +23,19 @@ import pyarrow.parquet as pq
 import pytest
 
 import include.prompts.prepare as prepare
+import include.prompts.sources as per_source
 from include.prompts import prepare_prompts
+from include.prompts.columns import (
+    Drop,
+    flat_prompts,
+    fragments,
+    read_flat_columns,
+    turn_list_prompts,
+)
+from include.prompts.encoding import encode_record, encode_string
+from include.prompts.funnel import SourceFunnel
 from include.prompts.readers import RowBatch, iter_batches
+from include.prompts.rows import SourceState
 from include.prompts.schemas import KINDS, MalformedRow
 from include.prompts.turns import POLICIES, DropRow, dedupe_key, to_messages
 from include.prompts.workers import WorkerError, map_in_order
@@ -113,7 +128,7 @@ def _outputs(settings: RunSettings) -> dict[str, bytes]:
 
 
 def _row_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prepare._SourceReader, "column_wise", lambda self, batch: False)
+    monkeypatch.setattr(per_source, "column_wise", lambda state, batch: False)
 
 
 _VARIANTS = [
@@ -152,17 +167,18 @@ def test_column_wise_paths_write_the_same_bytes_as_the_row_path(
 
 def test_the_column_wise_paths_are_taken(make_settings, tmp_path, monkeypatch) -> None:
     taken: list[str] = []
-    for name in ("flat_columns", "columns", "rows"):
-        original = getattr(prepare._SourceReader, name)
+    for name in ("read_flat_columns", "read_columns", "read_rows"):
+        original = getattr(per_source, name)
 
-        def spy(self, *args, _original=original, _name=name):
-            taken.append(f"{self.source.name}:{_name}")
-            return _original(self, *args)
+        def spy(state, *args, _original=original, _name=name):
+            taken.append(f"{state.source.name}:{_name}")
+            return _original(state, *args)
 
-        monkeypatch.setattr(prepare._SourceReader, name, spy)
+        monkeypatch.setattr(per_source, name, spy)
     _outputs(make_settings(_sources(tmp_path)))
-    assert {"wis:flat_columns", "cf:flat_columns", "mm:flat_columns", "ii:columns"} <= set(taken)
-    assert not any(t.endswith(":rows") for t in taken)
+    assert {"wis:read_flat_columns", "cf:read_flat_columns", "mm:read_flat_columns",
+            "ii:read_columns"} <= set(taken)
+    assert not any(t.endswith(":read_rows") for t in taken)
 
 
 def test_worker_process_writes_the_same_bytes_as_one_process(
@@ -172,16 +188,16 @@ def test_worker_process_writes_the_same_bytes_as_one_process(
     one = _outputs(make_settings(sources, run_name="one", shard_size=9))
     monkeypatch.setattr(prepare, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(prepare, "usable_cpus", lambda: 2)
-    forked: list[bool] = []
+    parallel_runs: list[bool] = []
     original = prepare.map_in_order
 
     def spy(*args, **kwargs):
-        forked.append(kwargs["parallel"])
+        parallel_runs.append(kwargs["parallel"])
         return original(*args, **kwargs)
 
     monkeypatch.setattr(prepare, "map_in_order", spy)
     two = _outputs(make_settings(sources, run_name="two", shard_size=9))
-    assert forked == [True]
+    assert parallel_runs == [True]
     assert list(one) == list(two)
     for key in one:
         assert one[key] == two[key], key
@@ -218,7 +234,7 @@ def test_turn_list_prompts_equal_to_messages(policy: str) -> None:
     kind = KINDS["infinity_instruct"]
     convs = [[{"from": r, "value": v} for r, v in turns] for turns in _POLICY_ROWS]
     table = pa.table({"conversations": convs})
-    got = prepare._turn_list_prompts(table.slice(1), kind.turn_list, policy)  # a sliced batch
+    got = turn_list_prompts(table.slice(1), kind.turn_list, policy)  # a sliced batch
     assert got is not None
     for conv, outcome in zip(convs[1:], got, strict=True):
         try:
@@ -227,7 +243,7 @@ def test_turn_list_prompts_equal_to_messages(policy: str) -> None:
                 for m in to_messages(kind.turns({"conversations": conv}), policy)
             ]
         except DropRow as exc:
-            expected = prepare._Drop(exc.reason, exc.detail)
+            expected = Drop(exc.reason, exc.detail)
         assert outcome == expected, conv
 
 
@@ -243,7 +259,7 @@ def test_turn_list_prompts_leave_odd_batches_to_the_row_path() -> None:
         {"conversations": ['[{"from": "human", "value": "q"}]']},
         {"other": [1]},
     ):
-        assert prepare._turn_list_prompts(pa.table(odd), turn_list, "first_user") is None, odd
+        assert turn_list_prompts(pa.table(odd), turn_list, "first_user") is None, odd
 
 
 @pytest.mark.parametrize("kind", ["webinstructsub", "codefeedback", "metamathqa"])
@@ -251,17 +267,21 @@ def test_flat_prompts_equal_to_messages(kind: str) -> None:
     k = KINDS[kind]
     assert k.text_column is not None
     values: list[Any] = [*_AWKWARD, "lone \ud800 surrogate", "\udc80", None, 12, 1.5, ["x"]]
-    for value, outcome in zip(values, prepare._flat_prompts(k, values), strict=True):
+    for value, outcome in zip(values, flat_prompts(k, values), strict=True):
         try:
             expected: Any = [
                 (m["role"], m["content"])
                 for m in to_messages(k.turns({k.text_column: value}), "first_user")
             ]
         except MalformedRow as exc:
-            expected = prepare._Drop("malformed", str(exc))
+            expected = Drop("malformed", str(exc))
         except DropRow as exc:
-            expected = prepare._Drop(exc.reason, exc.detail)
+            expected = Drop(exc.reason, exc.detail)
         assert outcome == expected, value
+
+
+def _no_counter(conversations: Any) -> list[int]:
+    raise AssertionError("lengths in characters need no counter")
 
 
 def test_flat_columns_key_and_line_equal_the_row_path(make_settings, tmp_path) -> None:
@@ -272,10 +292,9 @@ def test_flat_columns_key_and_line_equal_the_row_path(make_settings, tmp_path) -
     ).slice(1)  # batches are slices of the dataset's table
     settings = make_settings([{"name": "cf", "path": str(tmp_path), "kind": "codefeedback"}])
     source = settings.sources[0]
-    out = prepare._Candidates(prepare.SourceFunnel("cf"), str(tmp_path / "c.jsonl"))
-    reader = prepare._SourceReader(source, settings, "characters", None, out)
-    reader.kind = KINDS["codefeedback"]
-    keys, lines = reader.flat_columns(RowBatch(40, table.column_names, table=table))
+    state = SourceState(source, settings, "characters", _no_counter, SourceFunnel("cf"))
+    state.kind = KINDS["codefeedback"]
+    keys, lines = read_flat_columns(state, RowBatch(40, table.column_names, table=table))
     assert len(keys) == len(lines) == len(texts)
     for i, (text, key, line) in enumerate(zip(texts, keys, lines, strict=True)):
         messages = [{"role": "user", "content": text}]
@@ -284,11 +303,11 @@ def test_flat_columns_key_and_line_equal_the_row_path(make_settings, tmp_path) -
             meta["lang"] = "py"
         record = {"id": f"cf:default:{40 + i}", "source": "cf", "messages": messages}
         assert key == dedupe_key(messages)
-        assert line == prepare.encode_record({**record, "metadata": meta})
+        assert line == encode_record({**record, "metadata": meta})
 
 
 def test_only_the_ascii_space_is_printable_among_what_fold_deletes_or_folds() -> None:
-    # _fold's shortcut and _encode_str rely on isprintable() being false for these.
+    # _fold's shortcut and encode_string rely on isprintable() being false for these.
     from include.prompts.turns import _INVISIBLE_CHARS
 
     for c in range(sys.maxunicode + 1):
@@ -297,12 +316,14 @@ def test_only_the_ascii_space_is_printable_among_what_fold_deletes_or_folds() ->
             assert not ch.isprintable(), hex(c)
 
 
-def test_encode_str_equals_the_encoder_on_every_code_point() -> None:
-    escape = json.encoder.encode_basestring
+def test_encode_string_equals_json_dumps_on_every_code_point() -> None:
+    def escape(text: str) -> str:
+        return json.dumps(text, ensure_ascii=False)
+
     for c in range(sys.maxunicode + 1):
         text = f'a{chr(c)}b "{chr(c)}'
-        assert prepare._encode_str(text) == escape(text), hex(c)
-        assert prepare._encode_str(chr(c)) == escape(chr(c)), hex(c)
+        assert encode_string(text) == escape(text), hex(c)
+        assert encode_string(chr(c)) == escape(chr(c)), hex(c)
 
 
 @pytest.mark.parametrize(
@@ -310,9 +331,9 @@ def test_encode_str_equals_the_encoder_on_every_code_point() -> None:
     [None, 0, -7, 10**30, True, False, 1.5, float("nan"), "s", 'é"\\', ["a", 1], {"b": {"a": 1}}],
 )
 def test_metadata_fragments_equal_encode_record(value: Any) -> None:
-    fragment = prepare._fragments('"type":', [value])[0]
+    fragment = fragments('"type":', [value])[0]
     # encode_record gives b'{"type":...}\n'; the fragment is what lies between the braces.
-    expected = "" if value is None else prepare.encode_record({"type": value})[1:-2].decode()
+    expected = "" if value is None else encode_record({"type": value})[1:-2].decode()
     assert fragment == expected
 
 
@@ -341,6 +362,10 @@ def _square(i: int) -> int:
     return i * i
 
 
+def _plus_one(i: int) -> int:
+    return i + 1
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_map_in_order_yields_in_job_order_and_raises_in_turn(parallel: bool) -> None:
     got = []
@@ -348,7 +373,7 @@ def test_map_in_order_yields_in_job_order_and_raises_in_turn(parallel: bool) -> 
         for value in map_in_order(6, _square, parallel=parallel, claim_order=[5, 4, 3, 2, 1, 0]):
             got.append(value)
     assert got == [0, 1, 4]
-    assert list(map_in_order(3, lambda i: i + 1, parallel=parallel)) == [1, 2, 3]
+    assert list(map_in_order(3, _plus_one, parallel=parallel)) == [1, 2, 3]
 
 
 def test_map_in_order_refuses_a_bad_claim_order() -> None:
@@ -356,14 +381,37 @@ def test_map_in_order_refuses_a_bad_claim_order() -> None:
         list(map_in_order(3, _square, parallel=True, claim_order=[0, 0, 1]))
 
 
+def _die_in_worker(parent: int, i: int) -> int:
+    if os.getpid() != parent:
+        os._exit(3)  # the worker dies on its first job
+    return i
+
+
 def test_map_in_order_reports_a_dead_worker() -> None:
-    parent = os.getpid()
-
-    def work(i: int) -> int:
-        if os.getpid() != parent:
-            os._exit(3)  # the worker dies on its first job
-        time.sleep(0.2)  # leave the worker time to claim one
-        return i
-
     with pytest.raises(WorkerError, match="exited"):
-        list(map_in_order(4, work, parallel=True))
+        list(map_in_order(4, functools.partial(_die_in_worker, os.getpid()), parallel=True))
+
+
+def _fail_here_wait_there(parent: int, i: int) -> int:
+    if os.getpid() == parent:
+        raise KeyError(f"job {i}")
+    time.sleep(600)  # the worker's job outlasts any test: it must be stopped
+    return i
+
+
+def test_a_failed_job_stops_the_worker() -> None:
+    with pytest.raises(KeyError, match="job 0"):
+        list(map_in_order(2, functools.partial(_fail_here_wait_there, os.getpid()), parallel=True))
+    assert multiprocessing.active_children() == []
+
+
+def _log_pid(i: int) -> int:
+    logging.getLogger("include.prompts.test").warning("job %d ran in %d", i, os.getpid())
+    return i
+
+
+def test_the_worker_logs_through_the_callers_loggers(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="include.prompts.test"):
+        assert list(map_in_order(4, _log_pid, parallel=True)) == [0, 1, 2, 3]
+    pids = {int(r.getMessage().rsplit(" ", 1)[1]) for r in caplog.records}
+    assert len(caplog.records) == 4 and os.getpid() in pids and len(pids) == 2

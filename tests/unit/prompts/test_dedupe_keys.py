@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import include.prompts.prepare as prepare
+from include.prompts.dedupe import Candidates, KeySet, dedupe, halves, repeats
+from include.prompts.funnel import SAMPLE_IDS_PER_REASON, SourceFunnel
 
 
 def _key(n: int, half: int | None = None) -> bytes:
@@ -20,8 +21,8 @@ def _key(n: int, half: int | None = None) -> bytes:
     return _key(half)[:8] + key[8:] if half is not None else key
 
 
-def _candidates(tmp_path: Path, name: str, keys: list[bytes]) -> prepare._Candidates:
-    out = prepare._Candidates(prepare.SourceFunnel(name), str(tmp_path / f"{name}.jsonl"))
+def _candidates(tmp_path: Path, name: str, keys: list[bytes]) -> Candidates:
+    out = Candidates(SourceFunnel(name), str(tmp_path / f"{name}.jsonl"))
     with open(out.path, "wb") as fh:
         for c, key in enumerate(keys):
             line = json.dumps({"id": f"{name}:{c}", "pad": "x" * (c % 5)}).encode() + b"\n"
@@ -31,7 +32,7 @@ def _candidates(tmp_path: Path, name: str, keys: list[bytes]) -> prepare._Candid
     return out
 
 
-def _loop(si: int, candidates: prepare._Candidates, existing: set[bytes],
+def _loop(si: int, candidates: Candidates, existing: set[bytes],
           seen: dict[bytes, int]) -> tuple[list[int], Counter, dict[str, list[str]]]:
     """The dedupe loop the column-wise one replaced (prepare.py before issue 14)."""
     kept, dropped, samples = [], Counter(), {}
@@ -47,7 +48,7 @@ def _loop(si: int, candidates: prepare._Candidates, existing: set[bytes],
             continue
         dropped[reason] += 1
         bucket = samples.setdefault(reason, [])
-        if len(bucket) < prepare.SAMPLE_IDS_PER_REASON:
+        if len(bucket) < SAMPLE_IDS_PER_REASON:
             bucket.append(candidates.row_id(c))
     return kept, dropped, samples
 
@@ -57,15 +58,15 @@ def test_dedupe_equals_the_row_by_row_loop(tmp_path, seed) -> None:
     rng = random.Random(seed)
     pool = [_key(i) for i in range(60)] + [_key(1000 + i, half=i) for i in range(10)]
     existing = set(rng.sample(pool, 8))
-    existing_keys = prepare.KeySet.of(b"".join(list(existing) + list(existing)[:3]))
+    existing_keys = KeySet.of(b"".join(list(existing) + list(existing)[:3]))
     assert len(existing_keys) == len(existing)
     seen_loop: dict[bytes, int] = {}
-    seen = prepare.KeySet()
+    seen = KeySet()
     for si in range(4):
         keys = [rng.choice(pool) for _ in range(rng.randint(0, 120))]
         candidates = _candidates(tmp_path, f"s{si}", keys)
         kept, dropped, samples = _loop(si, candidates, existing, seen_loop)
-        got = prepare._dedupe(si, candidates, existing_keys, seen)
+        got = dedupe(candidates, existing_keys, seen)
         ends = list(candidates.ends)
         assert got.starts.tolist() == [ends[c - 1] if c else 0 for c in kept]
         assert got.lengths.tolist() == [ends[c] - (ends[c - 1] if c else 0) for c in kept]
@@ -77,17 +78,17 @@ def test_dedupe_equals_the_row_by_row_loop(tmp_path, seed) -> None:
 
 def test_keys_sharing_their_first_half_are_told_apart() -> None:
     keys = [_key(1), _key(2, half=1), _key(3, half=1), _key(4)]
-    hi, lo = prepare._halves(b"".join(keys))
+    hi, lo = halves(b"".join(keys))
     assert len(set(hi.tolist())) == 2
-    held = prepare.KeySet.of(b"".join(keys[:2]))
+    held = KeySet.of(b"".join(keys[:2]))
     assert held.contains(hi, lo).tolist() == [True, True, False, False]
-    assert prepare._repeats(*prepare._halves(b"".join(keys + keys[1:3]))).tolist() == [
+    assert repeats(*halves(b"".join(keys + keys[1:3]))).tolist() == [
         False, False, False, False, True, True
     ]
 
 
 def test_an_empty_key_set_holds_nothing() -> None:
-    hi, lo = prepare._halves(b"".join([_key(1), _key(2)]))
-    assert prepare.KeySet().contains(hi, lo).tolist() == [False, False]
-    assert len(prepare.KeySet.of(b"")) == 0
-    assert prepare.KeySet.of(b"").contains(*prepare._halves(b"")).dtype == np.bool_
+    hi, lo = halves(b"".join([_key(1), _key(2)]))
+    assert KeySet().contains(hi, lo).tolist() == [False, False]
+    assert len(KeySet.of(b"")) == 0
+    assert KeySet.of(b"").contains(*halves(b"")).dtype == np.bool_

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.prompts.readers import _probe_parquet
 from include.prompts.schemas import KINDS, MalformedRow, RawTurn
 from include.prompts.turns import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from include.prompts.prepare import DROP_REASONS, format_funnel
+from include.prompts.funnel import DROP_REASONS, format_funnel
 
 
 def test_funnel_with_every_reason_fits_120_columns_and_keeps_every_number() -> None:

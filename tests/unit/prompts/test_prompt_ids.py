@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-import include.prompts.prepare as prepare
+import include.prompts.sources as per_source
 from include.prompts import prepare_prompts, read_shard
+from include.prompts.rows import row_id
 from include.storage import LocalStore
 from synthetic_sources import rows, write_json_array, write_parquet
 
@@ -18,7 +19,7 @@ PREFIX = "src:default:"
 
 def _ids(raw: list[Any]) -> list[str]:
     seen: set[str] = set()
-    return [prepare._row_id(PREFIX, r, i, seen) for i, r in enumerate(raw)]
+    return [row_id(PREFIX, r, i, seen) for i, r in enumerate(raw)]
 
 
 def _old_ids(raw: list[Any]) -> list[str]:
@@ -109,20 +110,20 @@ def test_ids_are_unique_and_the_same_on_the_column_and_row_paths(
 ) -> None:
     sources = _sources(tmp_path)
     taken: set[str] = set()
-    for path in ("flat_columns", "columns"):
-        original = getattr(prepare._SourceReader, path)
+    for path in ("read_flat_columns", "read_columns"):
+        original = getattr(per_source, path)
 
-        def spy(self, *args, _original=original, _path=path):
-            taken.add(f"{self.source.name}:{_path}")
-            return _original(self, *args)
+        def spy(state, *args, _original=original, _path=path):
+            taken.add(f"{state.source.name}:{_path}")
+            return _original(state, *args)
 
-        monkeypatch.setattr(prepare._SourceReader, path, spy)
+        monkeypatch.setattr(per_source, path, spy)
     # One run per source: they share prompts, and dedupe across sources keeps only the first.
     fast = {}
     for s in sources:
         fast.update(_prompt_ids(make_settings([s], run_name=f"fast-{s['name']}")))
-    assert {"wis_parquet:flat_columns", "ii:columns"} <= taken
-    monkeypatch.setattr(prepare._SourceReader, "column_wise", lambda self, batch: False)
+    assert {"wis_parquet:read_flat_columns", "ii:read_columns"} <= taken
+    monkeypatch.setattr(per_source, "column_wise", lambda state, batch: False)
     slow = {}
     for s in sources:
         slow.update(_prompt_ids(make_settings([s], run_name=f"slow-{s['name']}")))

@@ -318,3 +318,20 @@ def test_junction_proof_never_accepts_a_wrong_split(hf_tokenizer: Any, chat: Cha
         for s in result.samples:
             text = hf_tokenizer.decode(s.input_ids)
             assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == s.input_ids
+
+
+def test_the_byte_table_decodes_as_the_tokenizer_does(chat: ChatTokenizer) -> None:
+    table = chat._byte_table  # from transformers' byte-to-unicode map: decodes_to uses it
+    assert table is not None
+    checked = 0
+    for i, token_bytes in enumerate(table):
+        text = chat.backend.decode([i], skip_special_tokens=False)
+        if "\ufffd" not in text:  # a token holding part of a UTF-8 sequence decodes lossily
+            assert token_bytes == text.encode("utf-8"), i
+            checked += 1
+    assert checked > len(table) // 2
+    for text in ["plain", " spaced  out\n", "é naïve 数学 🙂", "<|im_end|>tail", "\t\r\n"]:
+        ids = chat.encode([text])[0]
+        assert chat.decodes_to(ids, text)
+        assert not chat.decodes_to(ids, text + "x")
+        assert not chat.decodes_to(ids[:-1], text)

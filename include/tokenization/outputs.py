@@ -1,0 +1,160 @@
+"""What the tokenization stage writes: samples, the records kept out, and their three files.
+
+A tokenized shard is published as ``tokenized/shard-NNNNN.parquet`` (the samples),
+``.conversations.jsonl`` (SpecForge-style conversations) and ``.manifest.json`` (counts,
+every record kept out with its reason, length statistics); see docs/data-layout.md.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+#: Why a record was kept out because a check failed (the sample would be wrong).
+QUARANTINE_REASONS = (
+    "invalid_record",
+    "unexpected_finish_reason",
+    "template_mismatch",
+    "prompt_tokens_mismatch",
+    "prompt_not_prefix",
+    "decode_mismatch",
+    "mask_all_zero",
+    "mask_all_one",
+)
+#: Why a record was kept out because a setting excludes it.
+DROP_REASONS = ("truncated_completion", "over_length")
+
+
+@dataclass
+class Sample:
+    """One training sample; ``loss_mask[i]`` is 1 where ``input_ids[i]`` was regenerated."""
+
+    id: str
+    source: str
+    finish_reason: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    conversation: list[dict[str, str]]
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class TokenizeResult:
+    """A tokenized shard in memory: samples, and every record that did not become one."""
+
+    samples: list[Sample] = field(default_factory=list)
+    quarantined: list[dict[str, str]] = field(default_factory=list)
+    dropped: list[dict[str, str]] = field(default_factory=list)
+    truncated_to_max_length: int = 0
+    input_records: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def manifest(self) -> dict[str, Any]:
+        """Return counts, quarantined/dropped ids with reasons, and length statistics.
+
+        Deterministic (no times), so a retried shard publishes identical bytes.
+        """
+        quarantined = Counter(q["reason"] for q in self.quarantined)
+        dropped = Counter(d["reason"] for d in self.dropped)
+        by_source: dict[str, list[int]] = defaultdict(list)
+        for s in self.samples:
+            by_source[s.source].append(s.length)
+        return {
+            "counts": {
+                "input": self.input_records,
+                "written": len(self.samples),
+                "quarantined": {r: quarantined.get(r, 0) for r in QUARANTINE_REASONS},
+                "dropped": {r: dropped.get(r, 0) for r in DROP_REASONS},
+                "truncated_to_max_length": self.truncated_to_max_length,
+            },
+            "tokens": {
+                "total": sum(s.length for s in self.samples),
+                "loss": sum(sum(s.loss_mask) for s in self.samples),
+            },
+            "length_stats": {src: length_stats(v) for src, v in sorted(by_source.items())},
+            "quarantined": sorted(self.quarantined, key=lambda q: (q["id"], q["reason"])),
+            "dropped": sorted(self.dropped, key=lambda d: (d["id"], d["reason"])),
+            "settings": dict(self.settings),
+        }
+
+    def to_parquet(self) -> bytes:
+        """Return the samples as one zstd parquet file (schema: ``parquet_schema()``)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        samples = self.samples
+        lengths = np.array([s.length for s in samples], dtype=np.int32)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]))
+        # Flatten through numpy: pyarrow's own conversion of long Python int lists is slow.
+        ids = np.array(list(chain.from_iterable(s.input_ids for s in samples)), dtype=np.int32)
+        mask = np.array(list(chain.from_iterable(s.loss_mask for s in samples)), dtype=np.int8)
+        table = pa.Table.from_arrays(
+            [
+                pa.ListArray.from_arrays(offsets, pa.array(ids)),
+                pa.ListArray.from_arrays(offsets, pa.array(mask)),
+                pa.array(lengths),
+                pa.array([s.source for s in samples], pa.string()),
+                pa.array([s.id for s in samples], pa.string()),
+                pa.array([s.finish_reason for s in samples], pa.string()),
+            ],
+            schema=parquet_schema(),
+        )
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        return buf.getvalue()
+
+    def conversations_jsonl(self) -> bytes:
+        """Return SpecForge-style lines ``{"id", "conversations": [{"role", "content"}]}``."""
+        lines = [
+            json.dumps(
+                {"id": s.id, "conversations": s.conversation}, ensure_ascii=False, sort_keys=True
+            )
+            for s in self.samples
+        ]
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def parquet_schema() -> Any:
+    """Return the schema of a tokenized shard's parquet file (pyarrow loaded on first use)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("length", pa.int32()),
+            ("source", pa.string()),
+            ("id", pa.string()),
+            ("finish_reason", pa.string()),
+        ]
+    )
+
+
+def length_stats(lengths: Sequence[int]) -> dict[str, float | int]:
+    """Return count, mean, p50, p90, p99 and max of ``lengths`` (nearest-rank percentiles)."""
+    if not lengths:
+        return {"count": 0, "mean": 0.0, "p50": 0, "p90": 0, "p99": 0, "max": 0}
+    ordered = sorted(lengths)
+    n = len(ordered)
+
+    def pct(p: float) -> int:
+        return ordered[max(0, math.ceil(p / 100 * n) - 1)]
+
+    return {
+        "count": n,
+        "mean": round(sum(ordered) / n, 2),
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "max": ordered[-1],
+    }
