@@ -7,15 +7,15 @@ formats (parquet, JSON Lines, one JSON array) to a temporary directory, once and
 timing, split across the kinds in the proportions of the real sets' row counts (every kind
 present). Then, each in its own child process so that peak RSS is that process's own:
 
-- ``ours``: ``include.prompts.prepare_prompts`` over the six sources (read with ``datasets``,
-  normalise, filter, dedupe, shuffle, write JSONL shards), with a fresh ``datasets`` cache;
+- ``ours``: ``include.prompts.prepare_prompts`` over the six sources (streamed with pyarrow,
+  normalise, filter, dedupe, shuffle, write JSONL shards);
 - ``baseline``: the straightforward pandas job: ``read_parquet``/``read_json`` per file, the
   prompt column (first ``human`` value of a conversation through ``Series.apply``),
   ``drop_duplicates`` on the prompt text across all sources, a seeded shuffle, JSONL shards of
   the same size.
 
 Prints a table, then one JSON object on the last line (``bench``, ``rows``, ``seconds``,
-``prompts_per_s``, ``peak_rss_mb`` (the stage's process plus its worker, if it forked one),
+``prompts_per_s``, ``peak_rss_mb`` (the stage's process plus its worker, if it started one),
 ``baseline_seconds``, ``baseline_peak_rss_mb``,
 ``speedup`` = baseline_seconds / seconds, ...). ``prompts_per_s`` counts source rows
 processed (extracted, checked and deduplicated) per second of the stage.
@@ -370,12 +370,11 @@ def _peak_rss_mb() -> float:
 
 
 def _workers_peak_rss_mb() -> float:
-    """Return the peak RSS in MiB of the worker process the stage forks (0 if none ran).
+    """Return the peak RSS in MiB of the worker process the stage spawns (0 if none ran).
 
     ``RUSAGE_CHILDREN`` holds the largest peak among this process's finished children: the
-    stage forks at most one worker and joins it, so this is that worker's peak. It counts
-    the pages the worker shares with this process since the fork, so adding it to this
-    process's peak overstates what the two used together: an upper bound.
+    stage spawns at most one worker and joins it, so this is that worker's peak (a fresh
+    interpreter: it shares no pages with this process).
     """
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
 
