@@ -13,19 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from include.generation.shard import load_journal_records, output_keys
+from include.layout import shard_index, tokenized_keys
 from include.storage import Store
-
-PROMPTS_MANIFEST = "prompts/manifest.json"
 
 
 def source_of(prompt_id: str) -> str:
     """Return the source name of a prompt id (``<source>:<config>:<row>``, see data-layout)."""
     return prompt_id.split(":", 1)[0]
-
-
-def tokenized_keys(shard_id: str) -> tuple[str, str]:
-    """Return the store keys of a shard's tokenized parquet and manifest."""
-    return f"tokenized/{shard_id}.parquet", f"tokenized/{shard_id}.manifest.json"
 
 
 @dataclass
@@ -94,7 +88,7 @@ def collect_shard(store: Store, shard_id: str, reused: bool) -> ShardFacts:
     """Read one shard's generated manifest, journal, tokenized manifest and lengths."""
     facts = ShardFacts(shard_id, reused)
     facts.generated = read_json(store, output_keys(shard_id)[1])
-    parquet_key, manifest_key = tokenized_keys(shard_id)
+    parquet_key, _, manifest_key = tokenized_keys(shard_index(shard_id))
     facts.tokenized = read_json(store, manifest_key)
     # The journal's final record per id is exactly what the generated file was built from.
     for rec in load_journal_records(store, shard_id).values():

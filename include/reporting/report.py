@@ -17,8 +17,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from include.layout import MANIFEST_KEY
 from include.reporting.collect import (
-    PROMPTS_MANIFEST,
     Completion,
     ShardFacts,
     collect_shard,
@@ -31,7 +31,6 @@ from include.reporting.figures import (
     tokenization_figures,
 )
 from include.reporting.gates import GateResult, QualityGates, evaluate_gates
-from include.reporting.throughput import idle_gaps as _gaps  # noqa: F401 (older name, kept importable)
 from include.reporting.throughput import throughput
 from include.storage import Store
 from include.tokenization.stage import length_stats
@@ -197,9 +196,9 @@ def build_report(
     when rebuilt from the same inputs, so a retried report task succeeds.
     """
     gates = gates or QualityGates.from_settings(settings)
-    manifest = read_json(run_store, PROMPTS_MANIFEST)
+    manifest = read_json(run_store, MANIFEST_KEY)
     if manifest is None:
-        raise FileNotFoundError(f"{run_store.uri(PROMPTS_MANIFEST)} does not exist")
+        raise FileNotFoundError(f"{run_store.uri(MANIFEST_KEY)} does not exist")
     reused = set(reused_shards)
     ordered = sorted(set(shard_ids) | reused)
     shards = [collect_shard(outputs_store, sid, sid in reused) for sid in ordered]
@@ -298,9 +297,9 @@ def report_run(
     from include.prompts.prepare import shard_id
 
     run_store = open_run_store(settings)
-    manifest = read_json(run_store, PROMPTS_MANIFEST)
+    manifest = read_json(run_store, MANIFEST_KEY)
     if manifest is None:
-        raise FileNotFoundError(f"{run_store.uri(PROMPTS_MANIFEST)} does not exist")
+        raise FileNotFoundError(f"{run_store.uri(MANIFEST_KEY)} does not exist")
     selected = [shard_id(n) for n in settings.shard_numbers(len(manifest["shards"]))
                 if manifest["shards"][n]["count"]]
     done = set(produced)

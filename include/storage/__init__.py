@@ -13,7 +13,6 @@ from include.storage.publish import (
     encode_manifest,
     publish_files,
     publish_generated_shard,
-    shard_name,
     write_verified,
 )
 from include.storage.s3 import S3Store, make_s3_client, split_s3_uri
@@ -44,7 +43,6 @@ __all__ = [
     "open_readable",
     "open_store",
     "sha256_hex",
-    "shard_name",
     "split_s3_uri",
     "validate_output_location",
     "write_verified",

@@ -15,13 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from include.layout import generated_keys
 from include.storage.base import Store, sha256_hex
 from include.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
 
-GENERATED_PREFIX = "generated"
-TOKENIZED_PREFIX = "tokenized"
 
 
 @dataclass
@@ -31,11 +30,6 @@ class PublishResult:
     manifest: dict[str, Any]
     written: list[str] = field(default_factory=list)
     already_present: list[str] = field(default_factory=list)
-
-
-def shard_name(index: int) -> str:
-    """Return ``shard-NNNNN`` for a shard index."""
-    return f"shard-{index:05d}"
 
 
 def encode_manifest(manifest: Mapping[str, Any]) -> bytes:
@@ -103,7 +97,6 @@ def publish_generated_shard(
     stored one also gets top-level ``sha256``/``bytes`` of the .jsonl (docs/data-layout.md)
     and a ``files`` entry. It must be deterministic (see ``encode_manifest``).
     """
-    name = shard_name(shard_index)
-    data_key = f"{GENERATED_PREFIX}/{name}.jsonl"
+    data_key, manifest_key = generated_keys(shard_index)
     full = {**manifest, "sha256": sha256_hex(jsonl), "bytes": len(jsonl)}
-    return publish_files(store, {data_key: jsonl}, f"{GENERATED_PREFIX}/{name}.manifest.json", full)
+    return publish_files(store, {data_key: jsonl}, manifest_key, full)
