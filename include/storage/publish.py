@@ -22,7 +22,6 @@ from include.storage.errors import StoreError
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class PublishResult:
     """What a publish call did: the manifest as stored, and which keys it created."""
