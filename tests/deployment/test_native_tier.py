@@ -3,15 +3,17 @@ Redis, S3 and a GPU host over SSH, all started natively (``./dev up``'s tier, on
 
 Each scenario triggers a run through the REST API with a user's token and ends with the run
 succeeded and every prompt exactly once in the outputs in S3; together their tasks run on both
-Celery workers. Faults: a worker SIGKILLed
-mid-``generate``, the scheduler and the triggerer SIGKILLed and started again, two runs of one
-``run_name`` at once on the same servers, and a brownout of every server (the stand-ins'
-faults are switched through ``Tier.set_faults``, see ``sglang_standin.switchboard``).
+Celery workers. Faults: a worker SIGKILLed mid-``generate``, the scheduler and the triggerer
+SIGKILLed and started again, two runs of one ``run_name`` at once on the same servers, a GPU
+server SIGKILLed and then a brownout of the others (the stand-ins' faults are switched through
+``Tier.set_faults``, see ``sglang_standin.switchboard``).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from typing import Any
 
@@ -207,7 +209,7 @@ def test_a_backfill_beside_a_running_run_shares_servers_and_shards(
     assert_every_prompt_exactly_once(s3, "pair")
 
 
-def test_a_brownout_of_every_server_mid_run_is_waited_out(
+def test_a_server_killed_then_a_brownout_of_the_rest_mid_run_are_waited_out(
     tier: Tier, api: AirflowApi, s3: Any
 ) -> None:
     tier.set_faults(time_scale=0.3)
@@ -216,7 +218,11 @@ def test_a_brownout_of_every_server_mid_run_is_waited_out(
                          cool_down_max_s=10)
     run_id = api.trigger(DAG_ID, conf)
     _generate_in_progress(tier, api, s3, run_id, "brownout")
-    # Every server answers 503 "queue full" for 10 s (alive: /health stays 200).
+    # One GPU server dies mid-shard (its process SIGKILLed): it is ejected and its in-flight
+    # requests go to the others.
+    victim_url, victim = sorted(_launched(api, run_id).items())[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    # Then every other server answers 503 "queue full" for 10 s (alive: /health stays 200).
     tier.set_faults(time_scale=0.3, brownout_until=time.time() + 10)
 
     assert_run_succeeded(tier, api, run_id, timeout=600)
@@ -225,4 +231,9 @@ def test_a_brownout_of_every_server_mid_run_is_waited_out(
     # The brownout was felt (retries, by reason), and no prompt was given up on.
     assert sum(sum(r["retries"].values()) for r in results) > 0, f"no retry: {results}"
     assert all(r["counts"]["failed"] == 0 for r in results), results
+    generate_logs = "\n".join(
+        event for ti in api.task_instances(DAG_ID, run_id) if ti["task_id"] == GENERATE
+        for event in log_events(task_log(tier, run_id, ti)))
+    assert re.search(rf"server {re.escape(victim_url)} ejected", generate_logs), (
+        f"no shard ejected the killed server {victim_url}:\n{generate_logs[-3000:]}")
     assert_every_prompt_exactly_once(s3, "brownout")
