@@ -101,6 +101,9 @@ class Tier:
     #: Extra environment for every Airflow component (tests compress time with it).
     overrides: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    #: Local directories a run may also read sources from, after the bundled samples and the
+    #: model (benchmarks add the data they generate).
+    extra_data_roots: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.state = Path(self.state).resolve()
@@ -216,7 +219,7 @@ class Tier:
                 [{"host": "127.0.0.1", "ssh_conn_id": SSH_CONN_ID, "gpus": GPUS}]),
             "REGEN_ALLOWED_MODELS": json.dumps([str(self.model_dir)]),
             "REGEN_DATA_ROOTS": json.dumps([str(ROOT / "include" / "sample_data"),
-                                            str(self.model_dir)]),
+                                            str(self.model_dir), *self.extra_data_roots]),
             "REGEN_PROTECTED_PREFIXES": json.dumps(["completions/"]),
             "REGEN_SGLANG_CONN_ID": SGLANG_CONN_ID,
             "REGEN_MAX_ACTIVE_SHARDS": "3",
@@ -407,9 +410,7 @@ def switchboard_launch_command() -> str:
     """Return the stand-ins' launch command: ``sglang_standin.switchboard`` (fault file)."""
     from sglang_standin.process import shell_launch_command
 
-    command = shell_launch_command()
-    assert command.endswith(" -m sglang_standin"), command
-    return command + ".switchboard"
+    return shell_launch_command(module="sglang_standin.switchboard")
 
 
 def _size(path: Path) -> int:

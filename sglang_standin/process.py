@@ -202,11 +202,12 @@ def start_standin(
         proc.stop()
 
 
-def shell_launch_command(python: str = sys.executable) -> str:
-    """Return the launch command for a settings' ``server_launch_command`` (one shell line).
+def shell_launch_command(python: str = sys.executable, module: str = "sglang_standin") -> str:
+    """Return the launch command for a settings' ``server_launch_command`` (one shell line);
+    ``module="sglang_standin.switchboard"`` for servers whose faults a file switches.
 
     The launcher runs it through a shell, possibly over SSH, where this repo is not on the
     path: the environment it needs is spelled out in the command itself.
     """
     return (f"env PYTHONPATH={_PACKAGE_PARENT} HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "
-            f"{python} -m sglang_standin")
+            f"{python} -m {module}")

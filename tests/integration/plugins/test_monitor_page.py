@@ -8,10 +8,12 @@ through the real login form lands on the page with the run's data (screenshots a
 ``var/test-artifacts/``).
 
 A second run, ``watched``, is the DAG itself run once under ``airflow dags test`` on the simple
-manager's database (one shard, one stand-in server the DAG's launcher starts): while it
-generates, Airflow's REST API names the running shard task by its shard and the page shows the
-run running with that shard; afterwards the page shows the run's state and its shard with
-links that open the run and the shard's task in Airflow's UI, and no task logged an error.
+manager's database (one shard, one stand-in server the DAG's launcher starts, slowed through
+its fault file while it is watched): while it generates, Airflow's REST API and Airflow's own
+page of the mapped shard tasks, in Chromium, name the running shard task by its shard, and the
+page shows the run running with that shard; afterwards the page shows the run's state and its
+shard with links that open the run and the shard's task in Airflow's UI, and no task logged an
+error.
 """
 
 from __future__ import annotations
@@ -22,19 +24,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
 from include.reporting import QualityGates, build_report
+from include.reporting.airflow_runs import run_path
 from include.storage import LocalStore
 from sglang_standin.process import shell_launch_command
+from sglang_standin.switchboard import write_faults
 from tests.fixtures.airflow_server import AirflowServer, airflow_server
 from tests.fixtures.ports import free_port_block
 from tests.fixtures.settings import deployment_env, split
-from tests.integration.plugins.browser import Browser, chromium_path
+from tests.integration.plugins.browser import Browser, BrowserError, chromium_path
 from tests.integration.reporting.real_run import build_run, run_settings, start_servers
 
 pytestmark = pytest.mark.integration
@@ -249,18 +254,26 @@ def test_fab_refuses_anonymous_and_public_users_and_serves_a_viewer(fab, small_r
 WATCHED_SERVER_ARGS = ["--enable-metrics", "--standin-time-scale", "0.1",
                        "--standin-median-output-tokens", "150",
                        "--standin-warmup-seconds", "0.05", "--reasoning-parser", "qwen3"]
+#: The stand-in's speed (its fault file's ``time_scale``) until the running shard has been
+#: seen over REST, in Chromium and on the monitor: 10 times slower, so the shard generates for
+#: 20 s or more, far longer than the browser needs to look; then the command line's speed
+#: again. Not slower: the preflight request before the shard is slowed as well (6 s here).
+WATCHED_HOLD_TIME_SCALE = 1.0
 
 
-def _watched_conf(small_run: dict[str, Any], tokenizer_dir: Path, tmp: Path) -> dict[str, Any]:
-    """The flat conf of the watched run: one shard of the sample prompts, one server."""
+def _watched_conf(small_run: dict[str, Any], tokenizer_dir: Path, tmp: Path,
+                  fault_file: Path) -> dict[str, Any]:
+    """The flat conf of the watched run: one shard of the sample prompts, one server that
+    follows ``fault_file``."""
     return {
         "output_uri": small_run["root"], "run_name": "watched", "shard_size": 100,
         "shard_range": "0", "model_path": str(tokenizer_dir),
         "served_model_name": "Qwen/Qwen3.6-27B", "context_length": 800, "max_tokens": 300,
         "min_completion_tokens": 64, "max_truncation_rate": 1.0, "progress_interval_s": 2,
         "gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}], "port_base": free_port_block(1),
-        "server_launch_command": shell_launch_command(), "server_log_dir": str(tmp / "servers"),
-        "extra_server_args": WATCHED_SERVER_ARGS, "launch_timeout_s": 60,
+        "server_launch_command": shell_launch_command(module="sglang_standin.switchboard"),
+        "server_log_dir": str(tmp / "servers"), "launch_timeout_s": 60,
+        "extra_server_args": [*WATCHED_SERVER_ARGS, "--standin-fault-file", str(fault_file)],
     }
 
 
@@ -270,24 +283,64 @@ def _airflow_runs(state: Any) -> list[dict[str, Any]]:
                                             for a in loc["airflow_runs"])]
 
 
+def _look_at_the_mapped_tasks(browser: Browser, server: AirflowServer, token: str,
+                              ti: dict[str, Any]) -> dict[str, Any]:
+    """Open Airflow's page of the run's mapped ``shard.generate`` instances, wait until its
+    table names ``ti`` by its shard, then ask REST for the task's state at that moment.
+
+    Return the page's path, the text of the table row naming the shard (None if the page
+    never showed it, with the browser's error) and the state REST gave right after.
+    """
+    path = run_path(DAG_ID, ti["dag_run_id"]) + "/tasks/shard.generate/mapped"
+    name = json.dumps(ti["rendered_map_index"])
+    row = f"[...document.querySelectorAll('tbody tr')].find(r => r.innerText.includes({name}))"
+    seen: dict[str, Any] = {"path": path, "row": None, "error": None}
+    try:
+        browser.goto(server.base + path, until=row)
+        seen["row"] = browser.evaluate(f"{row}.innerText")
+    except BrowserError as exc:
+        seen["error"] = str(exc)
+    rest = (f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(ti['dag_run_id'], safe='')}"
+            f"/taskInstances/shard.generate/{ti['map_index']}")
+    for _ in range(10):  # SQLite is shared with the run: a busy answer is asked again
+        r = server.request(rest, token=token)
+        if r.status == 200:
+            break
+        time.sleep(0.2)
+    seen["state"] = r.json()["state"] if r.status == 200 else f"HTTP {r.status}"  # type: ignore[index]
+    browser.screenshot(ARTIFACTS / "airflow_mapped_shards_running.png")
+    return seen
+
+
 @pytest.fixture(scope="module")
 def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str, Any]:
-    """Run the DAG once under ``airflow dags test`` on ``simple``'s database; while it runs,
-    keep the first REST answer listing a running ``shard.generate`` with a name and the first
-    monitor answer showing a running shard. Return those, the run id and the run's output."""
+    """Run the DAG once under ``airflow dags test`` on ``simple``'s database, its stand-in
+    slowed through its fault file; while it runs, keep the first REST answer listing a
+    running ``shard.generate`` with a name, what Airflow's page of the mapped shard tasks
+    showed of it in Chromium and the first monitor answer showing a running shard. Return
+    those (``grid``: None without Chromium), the run id and the run's output."""
     tmp = tmp_path_factory.mktemp("watched")
-    run, deployment = split(_watched_conf(small_run, tokenizer_dir, tmp))
+    fault_file = tmp / "faults.json"
+    write_faults(fault_file, time_scale=WATCHED_HOLD_TIME_SCALE)
+    run, deployment = split(_watched_conf(small_run, tokenizer_dir, tmp, fault_file))
     env = {**simple.env, **deployment_env(deployment),
            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "REGEN_MAX_ACTIVE_SHARDS": "1"}
     out_path = tmp / "dags-test.log"
     token = simple.token("vera")
     seen: dict[str, Any] = {}
-    with out_path.open("w") as out:
+    grid: dict[str, Any] | None = None
+    chromium = chromium_path()
+    with out_path.open("w") as out, ExitStack() as stack:
         proc = subprocess.Popen(
             [sys.executable, str(Path(sys.executable).parent / "airflow"), "dags", "test",
              DAG_ID, "-c", json.dumps(run)], env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            while proc.poll() is None and len(seen) < 2:
+            browser = None
+            if chromium:
+                # Logged in while the run starts, so the browser is ready when the shard is.
+                browser = stack.enter_context(Browser(chromium, tmp / "chrome"))
+                _log_in(browser, simple, "vera")
+            while proc.poll() is None and (len(seen) < 2 or (browser is not None and grid is None)):
                 # SQLite is shared with the run: a busy answer is asked again.
                 if "rest" not in seen:
                     r = simple.request(f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances"
@@ -296,6 +349,8 @@ def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str,
                     # The task is running a moment before its name is rendered: wait for it.
                     if any(ti["rendered_map_index"] != str(ti["map_index"]) for ti in tis):
                         seen["rest"] = tis
+                if "rest" in seen and browser is not None and grid is None:
+                    grid = _look_at_the_mapped_tasks(browser, simple, token, seen["rest"][0])
                 if "monitor" not in seen:
                     r = simple.request(RUNS, token=token)
                     running = [a for a in _airflow_runs(r.json()) if a["shards"]["running"]
@@ -303,6 +358,10 @@ def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str,
                     if running:
                         seen["monitor"] = running
                 time.sleep(0.2)
+        finally:
+            # Seen (or not): the shard may finish at the command line's speed.
+            write_faults(fault_file)
+        try:
             proc.wait(timeout=300)
         finally:
             if proc.poll() is None:
@@ -313,7 +372,7 @@ def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str,
     runs = simple.request(f"/api/v2/dags/{DAG_ID}/dagRuns", token=token).json()
     (run_id,) = [r["dag_run_id"] for r in runs["dag_runs"]  # type: ignore[index]
                  if (r["conf"] or {}).get("run_name") == "watched"]
-    return {"seen": seen, "output": output, "run_id": run_id}
+    return {"seen": seen, "grid": grid, "output": output, "run_id": run_id}
 
 
 def test_while_a_shard_generates_airflow_names_it_and_the_page_shows_it_running(
@@ -331,6 +390,18 @@ def test_while_a_shard_generates_airflow_names_it_and_the_page_shows_it_running(
         watched_run["run_id"], "watched", "running")
     (shard,) = run["shards"]["running"]
     assert (shard["shard_id"], shard["task"]) == ("shard-00000", "shard.generate")
+
+
+def test_airflow_s_page_of_the_mapped_shard_tasks_names_a_running_shard(watched_run) -> None:
+    grid = watched_run["grid"]
+    if grid is None:
+        pytest.skip("chromium is not installed (./dev setup installs it)")
+    assert grid["path"].startswith(f"/dags/{DAG_ID}/runs/")
+    # Chromium showed the row of the shard's task by its name, running, and REST, asked
+    # right after, said the task was still running (so it was when the page showed it).
+    assert grid["row"] is not None, grid["error"]
+    assert {"shard-00000", "Running"} <= set(grid["row"].split()), grid["row"]
+    assert grid["state"] == "running", grid
 
 
 def test_a_successful_run_logs_no_error(watched_run) -> None:
