@@ -3,14 +3,18 @@
 Starts the deployment tier (``scripts/deploy.py``, what ``./dev up`` starts: scheduler,
 dag-processor, triggerer, api-server, two Celery workers, Postgres, Redis, S3, the sshd GPU
 host with three stand-in servers), triggers one run of at least 50 shards through the REST API
-and measures, from the servers' own counters (``sglang_standin.switchboard``: wall seconds with
-a request queued or running, first and last busy moment), the fraction of server time busy
-from the first request to the last. Whatever the scheduler, Celery and task start-up leave
-between mapped tasks counts as idle. Then the baseline: the tier's dag-processor and workers
-restarted with ``REGEN_MAX_ACTIVE_SHARDS=1`` and some of the same shards generated again
-(``force_regenerate``), one shard at a time, so each gap between tasks is idle in full.
+(a synthetic WebInstructSub file of shards x shard-size prompts, written once under
+``var/bench-cache/`` and added to the tier's data roots) and measures, from the servers' own
+counters (``sglang_standin.switchboard``: wall seconds with a request queued or running, first
+and last busy moment), the fraction of server time busy from the first request to the last.
+Whatever the scheduler, Celery and task start-up leave between mapped tasks counts as idle.
+Then the baseline: the tier's dag-processor and workers restarted with
+``REGEN_MAX_ACTIVE_SHARDS=1`` and some of the same shards generated again
+(``force_regenerate``), one shard at a time, so each shard's tail and each hand-over
+between tasks leave the servers idle.
 
-    .venv/bin/python -m benchmarks.bench_deployment [--shard-size 7] [--baseline-shards 4]
+    .venv/bin/python -m benchmarks.bench_deployment [--shards 51] [--shard-size 100]
+        [--time-scale 0.4] [--max-running-requests 32] [--baseline-shards 3]
 
 Prints a table, then one JSON line (see benchmarks/README.md).
 """
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.deploy import DAG_ID, GPUS, WORKERS, Tier, remove_database
+from scripts.deploy import DAG_ID, GPUS, ROOT, STANDIN_ARGS, WORKERS, Tier, remove_database
 from scripts.deploy_api import AirflowApi, unix_time
 from scripts.deploy_services import free_port_block
 from tests.deployment.runs import GENERATE, object_lines, shard_plan, task_log
@@ -173,26 +177,34 @@ def covered(spans: list[tuple[float, float]]) -> float:
 
 def gap_parts(tier: Tier, api: AirflowApi, run_id: str,
               max_active: int) -> tuple[dict[str, float], float]:
-    """Split the time between one shard's end and the next one's first request into parts
-    (medians); also return the share of the run's generating time some shard generated.
+    """Split the time between mapped tasks into parts (medians); also return the share of the
+    run's generating time some shard generated.
 
-    A shard can be queued once one of the ``max_active`` shards before it has ended: the
-    k-th generate task queued gets the slot the (k - max_active)-th one to end freed.
+    ``scheduler``: the last generate task to end before a task was queued, to that task
+    queued (the first tasks, queued before any ended, are left out); ``celery``: queued to
+    started on a worker; ``task_setup``: started to its first request (a shard queued ahead
+    waits there for a slot); ``handover``: the k-th shard's first request after the
+    (k - ``max_active``)-th shard's last one ended, the time a slot sat without a shard.
     """
     tis = [ti for ti in api.task_instances(DAG_ID, run_id)
            if ti["task_id"] == GENERATE and ti["state"] == "success"]
     ends = sorted(unix_time(ti["end_date"]) for ti in tis)
-    parts: dict[str, list[float]] = {"scheduler": [], "celery": [], "task_setup": []}
+    parts: dict[str, list[float]] = {"scheduler": [], "celery": [], "task_setup": [],
+                                     "handover": []}
     spans = []
-    for i, ti in enumerate(sorted(tis, key=lambda t: unix_time(t["queued_when"]))):
+    for ti in tis:
         queued, started = unix_time(ti["queued_when"]), unix_time(ti["start_date"])
-        if i >= max_active:
-            parts["scheduler"].append(queued - ends[i - max_active])
+        ended_before = [end for end in ends if end <= queued]
+        if ended_before:
+            parts["scheduler"].append(queued - ended_before[-1])
         parts["celery"].append(started - queued)
         span = generating_span(task_log(tier, run_id, ti))
         if span is not None:
             parts["task_setup"].append(span[0] - started)
             spans.append(span)
+    firsts, lasts = sorted(a for a, _ in spans), sorted(b for _, b in spans)
+    parts["handover"] = [firsts[k] - lasts[k - max_active]
+                         for k in range(max_active, len(firsts))]
     return {k: statistics.median(v) for k, v in parts.items() if v}, covered(spans)
 
 
@@ -234,6 +246,19 @@ def restart_for(tier: Tier, api: AirflowApi, max_active: int) -> float:
     return time.monotonic() - t0
 
 
+def bench_source(cache: Path, prompts: int, seed: int = 0) -> dict[str, str]:
+    """Return the run's source: ``prompts`` distinct WebInstructSub rows in one parquet file
+    under ``cache``, written the first time only."""
+    from synthetic_sources import rows, write_parquet
+
+    path = cache / f"deployment-{prompts}-{seed}" / "webinstructsub.parquet"
+    if not path.exists():
+        part = path.with_suffix(".partial")
+        write_parquet(part, list(rows("webinstructsub", prompts, seed, dup_share=0.0)))
+        part.rename(path)  # a file at ``path`` is always whole
+    return {"name": "bench_webinstructsub", "kind": "webinstructsub", "path": str(path)}
+
+
 def s3_client(tier: Tier) -> Any:
     import boto3
 
@@ -260,23 +285,37 @@ def table(rows: list[RunMeasure]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shard-size", type=int, default=7,
-                        help="prompts per shard (the 378 sample prompts: 7 gives 54 shards)")
-    parser.add_argument("--baseline-shards", type=int, default=4,
+    parser.add_argument("--shards", type=int, default=51,
+                        help="shards of the measured run (the source has shards x shard-size "
+                             "distinct prompts)")
+    parser.add_argument("--shard-size", type=int, default=100, help="prompts per shard")
+    parser.add_argument("--baseline-shards", type=int, default=3,
                         help="shards of the one-at-a-time baseline (0: no baseline)")
-    parser.add_argument("--time-scale", type=float, default=1.0,
+    parser.add_argument("--time-scale", type=float, default=0.4,
                         help="the stand-ins' --standin-time-scale for the runs (1: the "
-                             "performance model's own pace; shards are what is compressed)")
+                             "performance model's own pace)")
+    parser.add_argument("--max-running-requests", type=int, default=32,
+                        help="requests each stand-in runs at once (its batch), so a shard is "
+                             "several batches deep as a real one is")
     parser.add_argument("--max-active-shards", type=int, default=3,
                         help="REGEN_MAX_ACTIVE_SHARDS of the measured run (the deployment's)")
+    parser.add_argument("--cache", type=Path, default=ROOT / "var" / "bench-cache",
+                        help="where the run's source file is written once and kept")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the tier's state (logs, task logs) in this directory")
     args = parser.parse_args(argv)
 
     t_all = time.monotonic()
     state = args.keep or Path(tempfile.mkdtemp(prefix="bench-deployment-"))
-    overrides = {"REGEN_MAX_ACTIVE_SHARDS": str(args.max_active_shards)}
-    tier = Tier(state, api_port=free_port_block(), overrides=overrides)
+    source = bench_source(args.cache.resolve(), args.shards * args.shard_size)
+    tier = Tier(state, api_port=free_port_block(),
+                extra_data_roots=[str(Path(source["path"]).parent)])
+    tier.overrides.update({
+        "REGEN_MAX_ACTIVE_SHARDS": str(args.max_active_shards),
+        "REGEN_EXTRA_SERVER_ARGS": json.dumps(
+            [*STANDIN_ARGS, "--max-running-requests", str(args.max_running_requests),
+             "--standin-fault-file", str(tier.fault_file)]),
+    })
     rows: list[RunMeasure] = []
     restart_s = 0.0
     try:
@@ -286,10 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         api.wait_for_dag(DAG_ID, timeout=180)
         s3 = s3_client(tier)
         tier.set_faults(time_scale=args.time_scale)
-        conf = tier.run_conf(run_name="bench", shard_size=args.shard_size, progress_interval_s=30)
+        conf = tier.run_conf(run_name="bench", sources=[source], shard_size=args.shard_size,
+                             progress_interval_s=30)
         rows.append(measure(tier, api, s3, conf, "measured", args.max_active_shards, 900))
         if rows[0].shards < 50:
-            rows[0].notes.append(f"only {rows[0].shards} shards: use a smaller --shard-size")
+            rows[0].notes.append(f"only {rows[0].shards} shards: use more --shards")
         if args.baseline_shards:
             restart_s = restart_for(tier, api, 1)
             base = {**conf, "force_regenerate": True,
@@ -308,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     main_run = rows[0]
     out = {"bench": "deployment", **main_run.to_dict(), "servers": main_run.servers,
            "time_scale": args.time_scale, "shard_size": args.shard_size,
+           "max_running_requests": args.max_running_requests,
            "bench_seconds": round(seconds, 1)}
     if len(rows) > 1:
         out["baseline"] = rows[1].to_dict()

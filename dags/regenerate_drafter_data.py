@@ -62,6 +62,12 @@ DAG_ID = "regenerate_drafter_data"
 #: Shards generated at once per run; they share the servers, so one shard's drain overlaps
 #: the next one's start.
 MAX_ACTIVE_SHARDS = int(os.environ.get("REGEN_MAX_ACTIVE_SHARDS", "3"))
+#: Shards whose generate task starts before a slot frees: set up (DAG parsed, tokenizer and
+#: prompts loaded) and waiting, so a freed slot's next shard sends its first request within a
+#: second, not after the scheduler, Celery and the task's start-up (5 s; 14 s on a loaded
+#: worker). Two cover a start-up longer than the time between two shards ending (short
+#: shards, a busy worker); each holds a worker slot while it waits.
+SHARDS_QUEUED_AHEAD = 2
 #: Wait for servers in the triggerer (no worker slot held while a model loads).
 DEFER_HEALTH_GATE = os.environ.get("REGEN_DEFER_HEALTH_GATE", "true").lower() != "false"
 
@@ -156,26 +162,29 @@ def regenerate_drafter_data() -> None:
     @task_group(group_id="shard")
     def per_shard(shard_id: str, servers: list[str], outputs_uri: str,
                   wait_for: dict | None) -> None:
-        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS, execution_timeout=SHARD_TIMEOUT,
-              map_index_template=SHARD_NAME)
+        @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS + SHARDS_QUEUED_AHEAD,
+              execution_timeout=SHARD_TIMEOUT, map_index_template=SHARD_NAME)
         def generate(shard_id: str, servers: list[str], outputs_uri: str,
                      wait_for: dict | None, params: dict | None = None,
-                     run_id: str | None = None) -> dict:
+                     run_id: str | None = None, ti=None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry).
 
             One run at a time per shard: a run that claimed it earlier and is still live
             goes first (a backfill overlapping a running run waits instead of duplicating).
+            At most MAX_ACTIVE_SHARDS generate at once; a shard queued ahead waits, set up.
             """
             from include.generation.claims import airflow_run_is_live
-            from include.generation.shard import generate_shard
+            from include.generation.shard import airflow_slot_free, generate_shard
             from include.prompts.plan import open_run_store
             from include.settings import RunSettings
 
             settings = RunSettings.from_mapping(params)
+            slot_free = (airflow_slot_free(DAG_ID, ti.task_id, run_id, ti.map_index,
+                                           MAX_ACTIVE_SHARDS) if ti and run_id else None)
             return generate_shard(settings, shard_id, servers,
                                   open_run_store(settings, outputs_uri), open_run_store(settings),
                                   wait_for, run_id=run_id,
-                                  is_live=airflow_run_is_live(DAG_ID))
+                                  is_live=airflow_run_is_live(DAG_ID), slot_free=slot_free)
 
         @task(map_index_template=SHARD_NAME)
         def upload(shard_id: str, generated: dict, outputs_uri: str,

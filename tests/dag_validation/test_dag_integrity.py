@@ -95,3 +95,17 @@ def test_shard_tasks_are_named_from_the_arguments_they_are_called_with(dagbag) -
         task = dag.task_dict[task_id]
         assert task.map_index_template == "{{ task.op_kwargs['shard_id'] }}"
         assert "shard_id" in task.op_kwargs and not task.op_args, task_id
+
+
+
+def test_shards_queued_ahead_wait_set_up_beside_those_generating(dagbag) -> None:
+    # Airflow lets REGEN_MAX_ACTIVE_SHARDS generate tasks run plus two queued ahead (they set
+    # up, then wait inside the task for a slot: include.generation.shard.wait_for_slot); the
+    # task passes its own map index to the slot check through the ``ti`` Airflow injects.
+    import os
+
+    generate = dagbag.dags[DAG_ID].task_dict["shard.generate"]
+    assert generate.max_active_tis_per_dagrun == int(
+        os.environ.get("REGEN_MAX_ACTIVE_SHARDS", "3")) + 2
+    assert "ti" in generate.python_callable.__code__.co_varnames[
+        :generate.python_callable.__code__.co_argcount]
