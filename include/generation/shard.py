@@ -13,6 +13,7 @@ from include.generation.config import EngineConfig
 from include.generation.engine import run_shard
 from include.generation.journal import StoreJournal, merge_lines
 from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_accounting
+from include.layout import MANIFEST_KEY, generated_keys, shard_index
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
 from include.storage import Store, open_store, sha256_hex
@@ -27,7 +28,7 @@ def journal_prefix(shard_id: str) -> str:
 
 def output_keys(shard_id: str) -> tuple[str, str]:
     """Return the store keys of a shard's completions file and its manifest."""
-    return f"generated/{shard_id}.jsonl", f"generated/{shard_id}.manifest.json"
+    return generated_keys(shard_index(shard_id))
 
 
 def generate_shard(
@@ -178,7 +179,6 @@ def wait_for_progress(
     running tasks one at a time), when the leader makes no progress for ``stall_s``, and
     after ``timeout_s`` in any case.
     """
-    from include.prompts import MANIFEST_KEY
     from include.prompts.prepare import shard_index
 
     shards = json.loads(prompts_store.read(MANIFEST_KEY))["shards"]
