@@ -118,7 +118,7 @@ def test_the_triggerer_and_the_scheduler_killed_mid_run_and_started_again(
     # The servers "load the model" (/health 503) until this test says they are ready;
     # slower "GPUs" give shards of some seconds, so the scheduler's kill lands among them.
     tier.set_faults(hold_health=True, time_scale=0.1)
-    run_id = api.trigger(DAG_ID, tier.run_conf(run_name="restarts", shard_size=80))
+    run_id = api.trigger(DAG_ID, tier.run_conf(run_name="restarts", shard_size=40))
     gates = wait_for_tasks(tier, api, run_id, lambda tis: _gates(tis) if _gates(tis) and all(
         ti["state"] == "deferred" for ti in _gates(tis)) else [], "deferred every health gate")
     assert len(gates) == 3
