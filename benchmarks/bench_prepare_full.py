@@ -321,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         "shard_size": args.shard_size,
         "cpu_count": os.cpu_count(),
     }
-    print(json.dumps(result), flush=True)
+    # A baseline that did not run or finish has no figure: null, as JSON has no NaN.
+    result = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in result.items()}
+    print(json.dumps(result, allow_nan=False), flush=True)
     return 0
 
 
