@@ -331,15 +331,19 @@ def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str,
     grid: dict[str, Any] | None = None
     chromium = chromium_path()
     with out_path.open("w") as out, ExitStack() as stack:
+        browser = None
+        if chromium:
+            # Signed in before the run starts, so the browser is ready when the shard is. The
+            # session cookie comes from a REST login: the form is tested on its own above,
+            # and typing into it while the run loads both cores once missed its 30 s.
+            browser = stack.enter_context(Browser(chromium, tmp / "chrome"))
+            browser.send("Network.setCookie", name="_token", value=token,
+                         url=simple.base + "/")
+            browser.goto(simple.base + PAGE, until="document.querySelector('main#runs')")
         proc = subprocess.Popen(
             [sys.executable, str(Path(sys.executable).parent / "airflow"), "dags", "test",
              DAG_ID, "-c", json.dumps(run)], env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            browser = None
-            if chromium:
-                # Logged in while the run starts, so the browser is ready when the shard is.
-                browser = stack.enter_context(Browser(chromium, tmp / "chrome"))
-                _log_in(browser, simple, "vera")
             while proc.poll() is None and (len(seen) < 2 or (browser is not None and grid is None)):
                 # SQLite is shared with the run: a busy answer is asked again.
                 if "rest" not in seen:
