@@ -58,9 +58,15 @@ class ChatResult:
     status: int | None = None
     error_kind: str | None = None
     error: str = ""
-    content: str | None = None
-    reasoning_content: str | None = None
+    #: The generated text exactly as the server decoded it (``separate_reasoning`` off, so
+    #: thinking stays inline; special tokens kept; the matched stop token trimmed).
+    text: str | None = None
+    #: The server's own token ids (SGLang >= 0.5.23 with ``return_token_ids``), else None:
+    #: the prompt as the server tokenized it, and the sampled ids through the stop token.
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
     finish_reason: str | None = None
+    matched_stop: int | str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
     latency_s: float = 0.0
@@ -88,6 +94,12 @@ def build_body(request: ChatRequest) -> dict[str, Any]:
         "messages": request.messages,
         "max_tokens": request.max_tokens,
         "stream": False,
+        # The drafter trains on what the target sampled: ask for the ids themselves (releases
+        # before 0.5.23 ignore the field, and the answer then carries text only), and for the
+        # text undivided, since how a reasoning parser splits it differs between releases.
+        "return_token_ids": True,
+        "separate_reasoning": False,
+        "skip_special_tokens": False,
     }
     for name in ("temperature", "top_p"):
         if name in sampling:
@@ -158,20 +170,41 @@ def _parse_completion(result: ChatResult, body: bytes) -> None:
         data = json.loads(body)
         choice = data["choices"][0]
         message = choice["message"]
-        result.content = message.get("content")
-        result.reasoning_content = message.get("reasoning_content")
+        text = message.get("content")
+        reasoning = message.get("reasoning_content")
         result.finish_reason = choice.get("finish_reason")
+        result.matched_stop = choice.get("matched_stop")
         result.usage = dict(data.get("usage") or {})
         result.model = data.get("model")
+        result.prompt_token_ids = _ids(choice.get("prompt_token_ids"))
+        result.response_token_ids = _ids(choice.get("response_token_ids"))
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         result.error_kind = BAD_RESPONSE
         result.error = f"unexpected 200 body ({type(exc).__name__}): {body[:300]!r}"
         return
+    if reasoning:
+        # A server that split the text anyway (``separate_reasoning`` ignored): the parts
+        # cannot be joined back exactly, whatever the release's whitespace rules.
+        result.error_kind = BAD_RESPONSE
+        result.error = ("the server split the reasoning from the answer although "
+                        "separate_reasoning was false; the exact text cannot be rebuilt")
+        return
+    result.text = text if isinstance(text, str) else ""
     if result.finish_reason == "abort":
         # SGLang aborts requests it drops (e.g. during shutdown); the answer is incomplete.
         result.error_kind, result.error = HTTP_5XX, "server aborted the request"
         return
     result.ok = True
+
+
+def _ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
+        raise TypeError(f"token ids must be a list of integers, got {str(value)[:80]}")
+    return value
 
 
 def _classify_error(result: ChatResult, status: int, text: str) -> None:

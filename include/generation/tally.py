@@ -83,12 +83,17 @@ class Tally:
         # only what generation added, and the output joins the two.
         self.finish({
             "id": prompt["id"], "source": prompt.get("source"), "status": COMPLETED,
-            "content": result.content, "reasoning_content": result.reasoning_content,
-            "finish_reason": result.finish_reason, "usage": result.usage,
+            "text": result.text, "finish_reason": result.finish_reason,
+            "matched_stop": result.matched_stop, "usage": result.usage,
             "model": result.model, "server": server,
             "sampling": {**self.sampling, "max_tokens": max_tokens},
             "timings": {"latency_s": round(result.latency_s, 4), "attempts": attempts,
                         "finished_at": round(time.time(), 3)},
+            # Present only when the server returned them (SGLang >= 0.5.23).
+            **({"prompt_token_ids": result.prompt_token_ids}
+               if result.prompt_token_ids is not None else {}),
+            **({"response_token_ids": result.response_token_ids}
+               if result.response_token_ids is not None else {}),
         })
         if result.finish_reason == "length":
             self.truncated += 1

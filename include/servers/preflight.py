@@ -4,18 +4,25 @@
 ``/v1/chat/completions`` with the run's sampling settings; any failure raises
 ``PreflightError`` listing every failing server, and a 4xx carries the server's own message
 (e.g. SGLang's "Requested token count exceeds the model's maximum context length ...").
-``format_table`` renders the per-server results for the task log.
+It also finds out, once per server, whether the server returns the token ids it sampled
+(SGLang >= 0.5.23 with ``return_token_ids``): rows from a server that does are its ids
+exactly; a server that does not (older releases ignore the field) is named in the log, and
+its rows are tokenized from the raw generated text. ``format_table`` renders the per-server
+results for the task log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
 
 from include.generation.client import ChatRequest, send_chat
+
+log = logging.getLogger(__name__)
 
 
 class PreflightError(RuntimeError):
@@ -40,6 +47,10 @@ class PreflightResult:
     tokens_per_s: float | None = None
     finish_reason: str | None = None
     status: int | None = None
+    #: Whether the answer carried the server's prompt and sampled token ids.
+    token_ids: bool | None = None
+    #: SGLang's version as ``/server_info`` reports it (None when it does not say).
+    version: str | None = None
     error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,6 +77,7 @@ async def _one(
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
         result.error = f"/v1/models: {type(exc).__name__}: {exc}"
         return result
+    result.version = await _version(session, base, headers)
     # The same request code the engine uses, so preflight exercises the real path.
     answer = await send_chat(session, base, request, headers)
     result.status = answer.status
@@ -79,8 +91,49 @@ async def _one(
     result.finish_reason = answer.finish_reason
     if result.completion_tokens and result.latency_s:
         result.tokens_per_s = result.completion_tokens / result.latency_s
+    result.token_ids = answer.response_token_ids is not None
+    problem = token_id_problem(answer)
+    if problem:
+        result.error = problem
+        return result
     result.ok = True
     return result
+
+
+async def _version(
+    session: aiohttp.ClientSession, base: str, headers: dict[str, str]
+) -> str | None:
+    try:
+        async with session.get(base + "/server_info", headers=headers) as resp:
+            if resp.status != 200:
+                return None
+            info = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return None  # informative only: the chat request below decides
+    version = info.get("version") if isinstance(info, dict) else None
+    return str(version) if version is not None else None
+
+
+def token_id_problem(answer: Any) -> str:
+    """Return why a server's token ids cannot be trusted ('' when they can, or are absent).
+
+    The ids must be as many as the server's own usage counts: prompt ids ==
+    ``usage.prompt_tokens``, sampled ids == ``usage.completion_tokens``.
+    """
+    prompt_ids, sampled = answer.prompt_token_ids, answer.response_token_ids
+    if sampled is None and prompt_ids is None:
+        return ""
+    if sampled is None or prompt_ids is None:
+        return ("returned only some of the token ids asked for (prompt_token_ids and "
+                "response_token_ids)")
+    usage = answer.usage
+    if len(prompt_ids) != usage.get("prompt_tokens") or len(sampled) != usage.get(
+        "completion_tokens"
+    ):
+        return (f"returned {len(prompt_ids)} prompt and {len(sampled)} sampled token ids, "
+                f"but its usage counts {usage.get('prompt_tokens')} and "
+                f"{usage.get('completion_tokens')}")
+    return ""
 
 
 async def preflight(
@@ -127,7 +180,8 @@ async def preflight(
 
 def format_table(results: list[PreflightResult]) -> str:
     """Render results as a fixed-width table, one row per server, for the task log."""
-    header = ("server", "model", "context", "latency s", "prompt", "completion", "tok/s", "status")
+    header = ("server", "model", "context", "latency s", "prompt", "completion", "tok/s",
+              "version", "token ids", "status")
     rows = [header]
     for r in results:
         rows.append(
@@ -139,6 +193,8 @@ def format_table(results: list[PreflightResult]) -> str:
                 str(r.prompt_tokens if r.prompt_tokens is not None else "-"),
                 str(r.completion_tokens if r.completion_tokens is not None else "-"),
                 f"{r.tokens_per_s:.1f}" if r.tokens_per_s is not None else "-",
+                r.version or "-",
+                {True: "yes", False: "no (text)", None: "-"}[r.token_ids],
                 f"ok ({r.finish_reason})" if r.ok else (r.error[:60] or "failed"),
             )
         )
@@ -191,5 +247,12 @@ def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]])
     results = asyncio.run(preflight(urls, prompt["messages"], max_tokens, sampling,
                                     settings.model_name, settings.api_key,
                                     timeout=settings.request_timeout_s))
+    text_only = [r.url for r in results if not r.token_ids]
+    note = ""
+    if text_only:
+        note = (f"\nno token ids from {', '.join(text_only)} (SGLang before 0.5.23 ignores "
+                "return_token_ids): their rows are tokenized from the raw generated text, "
+                "and each tokenized manifest counts them (token_source)")
+        log.warning("%s", note.strip())
     return (f"preflight prompt {prompt['id']}: {p_tokens} prompt tokens, max_tokens "
-            f"{max_tokens}\n" + format_table(results))
+            f"{max_tokens}\n" + format_table(results) + note)

@@ -1,31 +1,29 @@
-"""Chat-template assembly: a completion record in, the sample's texts out, in the template's layout.
+"""A completion record in, the parts of its sample out: the server's ids, or the raw text.
 
-Each sample is the prompt exactly as the server rendered it (the chat template with the
-generation prompt, ``enable_thinking`` as recorded in the completion's ``sampling``) followed
-by the regenerated assistant turn, which is assembled with string operations in the template's
-own layout: ``<think>\\nREASONING\\n</think>\\n\\nCONTENT<|im_end|>`` (Qwen3 thinking; without
-reasoning the think block is empty and sits outside the loss). The closing ``<|im_end|>`` of a
-finished completion is part of the regenerated text: the target emitted that token, and a
-drafter that never proposes it cannot predict the end of a turn. The template's trailing
-newline after ``<|im_end|>`` is not part of the sample (the server stops at ``<|im_end|>``;
-nothing after it was generated). A completion cut by ``max_tokens`` (kept only with
-``keep_truncated_completions``) has no closing tags or ``<|im_end|>``: it is what the model
-produced.
+The server is the authority. A record from a server that returned its token ids (SGLang >=
+0.5.23 with ``return_token_ids``) becomes exactly those ids: the prompt as the server
+tokenized it, then the ids it sampled, through the stop token it matched (``<|im_end|>``: a
+drafter that never proposes it cannot predict the end of a turn). A record from an older
+server carries only the raw generated text (``separate_reasoning`` off, so the thinking block
+is inline and no release's whitespace rules are involved); its sample is the prompt rendered
+by the run's tokenizer and the text encoded, and ``checks`` counts it and compares what it can
+against the server's own counts. Nothing is rebuilt from a reasoning/answer split.
+
+``include_reasoning: false`` keeps the thinking out of the sample: the template's empty think
+block (derived from the template itself) stands in the prompt, outside the loss, and only what
+the model sampled after its ``</think>`` is trained on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from include.tokenization.chat import (
-    EMPTY_THINK,
-    END_OF_TURN,
-    THINK_CLOSE,
-    THINK_OPEN,
-    ChatTokenizer,
-)
+from include.tokenization.chat import THINK_CLOSE, THINK_OPEN, ChatTokenizer
+
+#: Where a sample's ids come from: the server's ids, or the raw text encoded here.
+TokenSource = Literal["server", "text"]
 
 
 @dataclass(frozen=True)
@@ -61,27 +59,41 @@ class TokenizeOptions:
 
 @dataclass
 class Pending:
-    """One record's texts, ready to encode: the prompt as rendered, then the assistant turn."""
+    """One record's parts, ready to encode and check.
+
+    ``prompt_ids``/``sampled_ids`` are the server's (None on the text path). ``text`` is the
+    raw generated text as the server decoded it; ``trained_text`` the part the loss covers
+    (all of it, or what follows ``</think>``), ``skip_ids`` how many sampled ids precede that
+    part. ``stop_id`` is the sampled stop token that ends the turn, if any.
+    """
 
     record: Mapping[str, Any]
     id: str
     source: str
     finish_reason: str
-    prompt: str
-    unmasked_extra: str  # generated-by-template text after the prompt, outside the loss
-    assistant: str  # the regenerated text: masked
-    conversation: list[dict[str, str]]
+    token_source: TokenSource
+    prompt: str  # the prompt as the run's tokenizer renders it
+    unmasked_extra: str  # template text after the prompt, outside the loss
+    text: str
+    trained_text: str
+    prompt_ids: list[int] | None
+    sampled_ids: list[int] | None
+    stop_id: int | None
     prompt_tokens: int
+    completion_tokens: int | None
+    conversation: list[dict[str, str]]
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
+def _ids(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(i) is int for i in value):
+        return value
+    return None
 
 
 def assemble(
     record: Mapping[str, Any], chat: ChatTokenizer, options: TokenizeOptions
 ) -> Pending | tuple[str, str, str]:
-    """Return the texts of one record, or ``(kind, reason, detail)`` when it goes nowhere."""
+    """Return the parts of one record, or ``(kind, reason, detail)`` when it goes nowhere."""
     finish = record.get("finish_reason")
     messages = record.get("messages")
     usage = record.get("usage") or {}
@@ -95,63 +107,91 @@ def assemble(
         return ("quarantine", "unexpected_finish_reason", f"finish_reason={finish!r}")
     if finish == "length" and not options.keep_truncated_completions:
         return ("drop", "truncated_completion", "finish_reason=length")
-    content = _text(record.get("content"))
-    reasoning = _text(record.get("reasoning_content"))
-    sampling = record.get("sampling") or {}
-    thinking = sampling.get("enable_thinking", options.enable_thinking) is not False
-    for name, text in (("content", content), ("reasoning_content", reasoning)):
-        if THINK_OPEN in text or THINK_CLOSE in text:
-            return (
-                "quarantine",
-                "template_mismatch",
-                f"{name} contains thinking tags (reasoning not split by the server?)",
-            )
-    if not thinking and reasoning.strip():
+    text = record.get("text")
+    if not isinstance(text, str):
         return (
             "quarantine",
-            "template_mismatch",
-            "reasoning_content present although enable_thinking=false",
+            "no_raw_text",
+            "no raw generated text: written by a version that kept only the server's "
+            "reasoning/answer split, which cannot be joined back exactly; regenerate the "
+            "shard (force_regenerate)",
         )
+    prompt_ids = _ids(record.get("prompt_token_ids"))
+    sampled = _ids(record.get("response_token_ids"))
+    if (prompt_ids is None) != (sampled is None):
+        return ("quarantine", "server_ids_mismatch", "only one of prompt/response token ids")
+    completion = usage.get("completion_tokens")
+    if sampled is not None and prompt_ids is not None and (
+        len(prompt_ids) != usage["prompt_tokens"]
+        or (isinstance(completion, int) and len(sampled) != completion)
+    ):
+        return ("quarantine", "server_ids_mismatch",
+                f"{len(prompt_ids)} prompt and {len(sampled)} sampled ids, but the server's "
+                f"usage counts {usage['prompt_tokens']} and {completion}")
+    sampling = record.get("sampling") or {}
+    thinking = sampling.get("enable_thinking", options.enable_thinking) is not False
+    if not thinking and (THINK_OPEN in text or THINK_CLOSE in text):
+        return ("quarantine", "template_mismatch",
+                "thinking tags in the text although enable_thinking=false")
     try:
         prompt = chat.render_prompt(messages, thinking)
     except Exception as exc:  # jinja raises many types for malformed messages
         return ("quarantine", "invalid_record", f"chat template failed: {exc}")
-    finished = finish == "stop"
-    end = END_OF_TURN if finished else ""
-    extra = ""
-    if not thinking:
-        # The template already put the empty think block into the prompt.
-        assistant, shown = content + end, content
-    else:
-        # Templates that open the think block in the generation prompt leave the model to
-        # write only what follows "<think>\n".
-        opener = "" if prompt.endswith(THINK_OPEN + "\n") else THINK_OPEN + "\n"
-        if not finished and not content:  # cut inside the reasoning: no closing tag exists
-            body = reasoning
-        else:
-            body = reasoning.strip("\n") + "\n" + THINK_CLOSE + "\n\n"
-        if options.include_reasoning:
-            assistant = opener + body + content + end
-            shown = THINK_OPEN + "\n" + body + content
-        elif not finished and not content:
-            assistant, shown = "", ""  # nothing but reasoning was generated
-        else:
-            # Not generated as such: the empty think block the template renders sits outside
-            # the loss; only the answer is trained on.
-            extra = EMPTY_THINK[len(THINK_OPEN + "\n") - len(opener) :]
-            assistant, shown = content + end, content
+    stop_id = _stop_id(record, sampled, chat, finish)
+    opened = chat.opens_thinking(prompt)
+    extra, trained_text, skip = "", text, 0
+    if thinking and not options.include_reasoning:
+        split = _after_reasoning(text, sampled, chat, opened)
+        if split is None:
+            return ("quarantine", "mask_all_zero",
+                    "nothing but reasoning was generated (no </think>)")
+        trained_text, skip = split
+        try:
+            extra = chat.empty_think_closing()
+        except Exception as exc:  # the template cannot render thinking off
+            return ("quarantine", "template_mismatch", str(exc))
+    shown = (THINK_OPEN + "\n" if opened else "") + text if options.include_reasoning \
+        else trained_text.lstrip("\n")
     conversation = [
-        {"role": str(m.get("role", "")), "content": _text(m.get("content"))} for m in messages
+        {"role": str(m.get("role", "")), "content": m.get("content") or ""} for m in messages
     ]
     conversation.append({"role": "assistant", "content": shown})
     return Pending(
-        record,
-        str(record.get("id", "")),
-        str(record.get("source", "")),
-        finish,
-        prompt,
-        extra,
-        assistant,
+        record, str(record.get("id", "")), str(record.get("source", "")), finish,
+        "server" if sampled is not None else "text", prompt, extra, text, trained_text,
+        prompt_ids, sampled[skip:] if sampled is not None else None, stop_id,
+        usage["prompt_tokens"], completion if isinstance(completion, int) else None,
         conversation,
-        usage["prompt_tokens"],
-    )
+    )  # fmt: skip
+
+
+def _stop_id(
+    record: Mapping[str, Any], sampled: Sequence[int] | None, chat: ChatTokenizer, finish: str
+) -> int | None:
+    """Return the stop token that ended a finished turn: the server's, or the template's."""
+    if finish != "stop":
+        return None
+    matched = record.get("matched_stop")
+    if sampled:
+        # SGLang returns ids through the stop token it matched.
+        return sampled[-1] if sampled[-1] == matched or sampled[-1] in chat.stop_ids else None
+    return matched if type(matched) is int else chat.end_of_turn_id
+
+
+def _after_reasoning(
+    text: str, sampled: Sequence[int] | None, chat: ChatTokenizer, opened: bool
+) -> tuple[str, int] | None:
+    """Return (text after the first ``</think>``, sampled ids through it); None: none there.
+
+    With no think block at all (none opened by the prompt or the model) the model answered
+    at once: all of it is the answer.
+    """
+    if THINK_CLOSE not in text:
+        return None if opened or THINK_OPEN in text else (text, 0)
+    after = text.split(THINK_CLOSE, 1)[1]
+    if sampled is None:
+        return after, 0
+    try:
+        return after, sampled.index(chat.think_close_id) + 1
+    except ValueError:
+        return None

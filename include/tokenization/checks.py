@@ -1,26 +1,40 @@
-"""Sample checks: assembled texts in, samples (or quarantined records) out, every check on.
+"""Sample checks: a record's parts in, a sample (or a record kept out, with its reason) out.
 
-Nothing from the records is trusted. A sample is quarantined (kept out, counted, and listed
-with its reason) when the prompt's token count differs from the server's
-``usage.prompt_tokens``, the masked tokens do not decode back to the assistant text, the
-prompt's tokens are not a prefix of the sample's tokens, thinking tags appear where the
-template would not put them (``assembly``), or the mask would be all zeros or all ones.
+Every check compares against the server's own data, never against a rebuild of ours:
 
-Speed: prompts and assistant texts are encoded in two big batches with the fast tokenizer
-(Rust threads). The sample's ids are prompt ids + assistant ids; that equals encoding the full
-text whenever the junction is a pre-tokenization boundary (the template's special tokens make
-it one for ChatML), which is proven per sample on a few characters around the junction, and a
-sample whose junction cannot be proven cheaply is encoded whole and checked literally.
+- server ids (``token_source: server``): the ids are as many as the server's usage counts
+  (``assembly``); the sample's prompt ids equal the server's prompt ids; its masked ids equal
+  the ids the server sampled; those ids, less the matched stop token, decode to exactly the
+  text the server returned;
+- raw text (``token_source: text``, servers that return no ids): the prompt as rendered here
+  has as many tokens as the server counted, and the text re-encodes to as many tokens as the
+  server sampled (``retokenized_count_mismatch`` otherwise: those cannot be its ids).
+
+Two figures are counted, not enforced: ``retokenized_text_differs`` (server rows whose text,
+encoded again, differs from the ids the model sampled: what a text-only pipeline would have
+trained on instead) and ``prompt_render_differs`` (server rows whose prompt this worker's
+tokenizer and template render to other ids: token budgets computed here were off).
+
+Speed: every text is encoded in one batch per kind with the fast tokenizer (Rust threads).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from include.tokenization.assembly import Pending, TokenizeOptions, assemble
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.outputs import Sample, TokenizeResult
+
+
+class Built(NamedTuple):
+    """A sample before its checks: ids, mask, and what it must start with and train on."""
+
+    ids: list[int]
+    mask: list[int]
+    prompt: list[int]
+    trained: list[int]
 
 
 def tokenize_completions(
@@ -58,80 +72,97 @@ def tokenize_completions(
     if not pending:
         return result
 
-    heads = [p.prompt + p.unmasked_extra for p in pending]
-    head_ids = chat.encode(heads)
-    tail_ids = chat.encode([p.assistant for p in pending])
-    # The server counted the prompt alone; the unmasked extra (an empty think block) is
-    # subtracted when it provably tokenizes on its own, else the prompt is encoded again.
+    local_prompts = chat.encode([p.prompt for p in pending])
+    encoded_texts = chat.encode([p.trained_text for p in pending])
     extras = sorted({p.unmasked_extra for p in pending if p.unmasked_extra})
     extra_ids = dict(zip(extras, chat.encode(extras), strict=True))
-    prompt_len: dict[int, int] = {}
-    recount: list[int] = []
     for i, p in enumerate(pending):
-        ex = extra_ids.get(p.unmasked_extra, [])
-        if not ex:
-            prompt_len[i] = len(head_ids[i])
-        elif head_ids[i][-len(ex) :] == ex and chat.junction_is_boundary(
-            p.prompt, p.unmasked_extra
-        ):
-            prompt_len[i] = len(head_ids[i]) - len(ex)
-        else:
-            recount.append(i)
-    for i, ids in zip(recount, chat.encode([pending[i].prompt for i in recount]), strict=True):
-        prompt_len[i] = len(ids)
-    unproven = [
-        i for i, p in enumerate(pending) if not chat.junction_is_boundary(heads[i], p.assistant)
-    ]
-    full_ids = dict(
-        zip(unproven, chat.encode([heads[i] + pending[i].assistant for i in unproven]), strict=True)
-    )
-
-    for i, p in enumerate(pending):
-        head, tail = head_ids[i], tail_ids[i]
-
-        def quarantine(reason: str, detail: str, p: Pending = p) -> None:
-            result.quarantined.append({"id": p.id, "reason": reason, "detail": detail})
-
-        if prompt_len[i] != p.prompt_tokens:
-            quarantine(
-                "prompt_tokens_mismatch",
-                f"prompt renders to {prompt_len[i]} tokens, server counted {p.prompt_tokens}",
-            )
+        built = _build(p, chat, local_prompts[i], encoded_texts[i],
+                       extra_ids.get(p.unmasked_extra, []), result)
+        problem = built if not isinstance(built, Built) else verify(*built)
+        if problem:
+            result.quarantined.append({"id": p.id, "reason": problem[0], "detail": problem[1]})
             continue
-        if i in full_ids:
-            ids = full_ids[i]
-            if ids[: len(head)] != head:
-                quarantine(
-                    "prompt_not_prefix",
-                    "the prompt's tokens are not a prefix of the "
-                    "sample's tokens (a token spans the prompt/completion boundary)",
-                )
-                continue
-            tail = ids[len(head) :]
-        else:
-            ids = head + tail
-        if not tail:
-            quarantine("mask_all_zero", "no regenerated tokens")
-            continue
-        if not head:
-            quarantine("mask_all_one", "no prompt tokens")
-            continue
-        if not chat.decodes_to(tail, p.assistant):
-            quarantine("decode_mismatch", "masked tokens do not decode to the assistant text")
-            continue
-        mask = [0] * len(head) + [1] * len(tail)
-        if len(ids) > options.max_sequence_length:
-            if options.over_length == "drop" or len(head) >= options.max_sequence_length:
-                result.dropped.append(
-                    {
-                        "id": p.id,
-                        "reason": "over_length",
-                        "detail": f"{len(ids)} > {options.max_sequence_length}",
-                    }
-                )
-                continue
-            ids = ids[: options.max_sequence_length]
-            mask = mask[: options.max_sequence_length]
-            result.truncated_to_max_length += 1
-        result.samples.append(Sample(p.id, p.source, p.finish_reason, ids, mask, p.conversation))
+        assert isinstance(built, Built)
+        _keep(p, built.ids, built.mask, options, result)
     return result
+
+
+def _build(
+    p: Pending, chat: ChatTokenizer, local_prompt: list[int], encoded: list[int],
+    extra: list[int], result: TokenizeResult,
+) -> Built | tuple[str, str]:
+    """Return the sample, or ``(reason, detail)`` when a check against the server fails."""
+    if p.sampled_ids is not None:
+        assert p.prompt_ids is not None
+        prompt, trained = p.prompt_ids, p.sampled_ids
+        if local_prompt != prompt:
+            result.prompt_render_differs += 1
+        text_ids = trained[:-1] if p.stop_id is not None and trained else trained
+        if encoded != text_ids:
+            result.retokenized_text_differs += 1
+        if not chat.decodes_to(text_ids, p.trained_text):
+            return ("decode_mismatch",
+                    "the sampled ids do not decode to the text the server returned")
+    else:
+        if len(local_prompt) != p.prompt_tokens:
+            return ("prompt_tokens_mismatch",
+                    f"prompt renders to {len(local_prompt)} tokens, server counted "
+                    f"{p.prompt_tokens}")
+        prompt = local_prompt
+        trained = encoded + ([p.stop_id] if p.stop_id is not None else [])
+        whole = p.trained_text == p.text
+        if whole and p.completion_tokens is not None and len(trained) != p.completion_tokens:
+            return ("retokenized_count_mismatch",
+                    f"the text encodes to {len(trained)} tokens, the server sampled "
+                    f"{p.completion_tokens}: these are not the ids the model generated")
+        if not chat.decodes_to(encoded, p.trained_text):
+            return ("decode_mismatch", "the encoded text does not decode back to the text")
+    closing = []
+    if p.finish_reason == "stop" and p.stop_id is None:
+        # The server's ids stop before the turn's end: the template closes it, untrained.
+        closing = [chat.end_of_turn_id]
+        result.closed_by_template += 1
+    if not trained:
+        return ("mask_all_zero", "no regenerated tokens")
+    if not prompt:
+        return ("mask_all_one", "no prompt tokens")
+    ids = prompt + extra + trained + closing
+    mask = [0] * (len(prompt) + len(extra)) + [1] * len(trained) + [0] * len(closing)
+    return Built(ids, mask, prompt, trained)
+
+
+def verify(
+    ids: list[int], mask: list[int], prompt: list[int], trained: list[int]
+) -> tuple[str, str] | None:
+    """Return the failed check of a built sample, or None: read back from ids and mask alone.
+
+    The sample must start with ``prompt`` (the server's prompt ids, or the prompt rendered
+    here when the server returned none) and its masked ids must be ``trained`` exactly.
+    """
+    if len(ids) != len(mask):
+        return ("masked_ids_mismatch", "input_ids and loss_mask differ in length")
+    if ids[: len(prompt)] != prompt or any(mask[: len(prompt)]):
+        return ("prompt_ids_mismatch", "the sample does not start with the prompt's ids")
+    masked = [t for t, m in zip(ids, mask, strict=True) if m]
+    if masked != trained:
+        return ("masked_ids_mismatch", "the masked ids are not the sampled ids")
+    return None
+
+
+def _keep(
+    p: Pending, ids: list[int], mask: list[int], options: TokenizeOptions,
+    result: TokenizeResult,
+) -> None:
+    if len(ids) > options.max_sequence_length:
+        head = mask.index(1)
+        if options.over_length == "drop" or head >= options.max_sequence_length:
+            result.dropped.append({"id": p.id, "reason": "over_length",
+                                   "detail": f"{len(ids)} > {options.max_sequence_length}"})
+            return
+        ids = ids[: options.max_sequence_length]
+        mask = mask[: options.max_sequence_length]
+        result.truncated_to_max_length += 1
+    result.token_source[p.token_source] += 1
+    result.samples.append(Sample(p.id, p.source, p.finish_reason, ids, mask, p.conversation,
+                                 p.token_source))

@@ -21,12 +21,18 @@ QUARANTINE_REASONS = (
     "invalid_record",
     "unexpected_finish_reason",
     "template_mismatch",
+    "no_raw_text",
+    "server_ids_mismatch",
     "prompt_tokens_mismatch",
-    "prompt_not_prefix",
+    "retokenized_count_mismatch",
     "decode_mismatch",
+    "prompt_ids_mismatch",
+    "masked_ids_mismatch",
     "mask_all_zero",
     "mask_all_one",
 )
+#: Where a sample's ids come from: the server's own, or the raw text encoded by the stage.
+TOKEN_SOURCES = ("server", "text")
 #: Why a record was kept out because a setting excludes it.
 DROP_REASONS = ("truncated_completion", "over_length")
 
@@ -41,6 +47,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     conversation: list[dict[str, str]]
+    token_source: str = "server"
 
     @property
     def length(self) -> int:
@@ -57,6 +64,14 @@ class TokenizeResult:
     truncated_to_max_length: int = 0
     input_records: int = 0
     settings: dict[str, Any] = field(default_factory=dict)
+    #: Samples written per ``TOKEN_SOURCES`` entry.
+    token_source: Counter[str] = field(default_factory=Counter)
+    #: Server rows whose text, encoded again, is not the sampled ids (counted, not enforced).
+    retokenized_text_differs: int = 0
+    #: Server rows whose prompt renders here to other ids than the server's.
+    prompt_render_differs: int = 0
+    #: Finished turns whose ids stop before the end-of-turn token (closed, untrained).
+    closed_by_template: int = 0
 
     def manifest(self) -> dict[str, Any]:
         """Return counts, quarantined/dropped ids with reasons, and length statistics.
@@ -75,6 +90,10 @@ class TokenizeResult:
                 "quarantined": {r: quarantined.get(r, 0) for r in QUARANTINE_REASONS},
                 "dropped": {r: dropped.get(r, 0) for r in DROP_REASONS},
                 "truncated_to_max_length": self.truncated_to_max_length,
+                "token_source": {k: self.token_source.get(k, 0) for k in TOKEN_SOURCES},
+                "retokenized_text_differs": self.retokenized_text_differs,
+                "prompt_render_differs": self.prompt_render_differs,
+                "closed_by_template": self.closed_by_template,
             },
             "tokens": {
                 "total": sum(s.length for s in self.samples),
@@ -106,6 +125,7 @@ class TokenizeResult:
                 pa.array([s.source for s in samples], pa.string()),
                 pa.array([s.id for s in samples], pa.string()),
                 pa.array([s.finish_reason for s in samples], pa.string()),
+                pa.array([s.token_source for s in samples], pa.string()),
             ],
             schema=parquet_schema(),
         )
@@ -136,6 +156,7 @@ def parquet_schema() -> Any:
             ("source", pa.string()),
             ("id", pa.string()),
             ("finish_reason", pa.string()),
+            ("token_source", pa.string()),
         ]
     )
 

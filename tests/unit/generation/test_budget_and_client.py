@@ -6,7 +6,10 @@ import pytest
 
 from include.generation.budget import token_budget
 from include.generation.client import (
+    BAD_RESPONSE,
     ChatRequest,
+    ChatResult,
+    _parse_completion,
     build_body,
     prompt_tokens_from_length_error,
 )
@@ -60,6 +63,46 @@ def test_body_carries_budget_sampling_and_thinking_switch() -> None:
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     req2 = ChatRequest("a", [], 5, {"temperature": 0, "top_p": 1, "top_k": -1}, "m")
     assert "top_k" not in build_body(req2) and "chat_template_kwargs" not in build_body(req2)
+
+
+def test_body_asks_for_the_sampled_ids_and_the_undivided_text() -> None:
+    body = build_body(ChatRequest("a", [], 5, {}, "m"))
+    # SGLang 0.5.23 protocol.py: return_token_ids adds prompt_token_ids + response_token_ids;
+    # separate_reasoning off keeps <think>...</think> inline; special tokens kept.
+    assert body["return_token_ids"] is True and body["stream"] is False
+    assert body["separate_reasoning"] is False and body["skip_special_tokens"] is False
+
+
+def _answer(choice: dict, usage: dict | None = None) -> bytes:
+    import json
+
+    return json.dumps({"model": "m", "choices": [choice],
+                       "usage": usage or {"prompt_tokens": 2, "completion_tokens": 3}}).encode()
+
+
+def test_an_answer_keeps_the_servers_ids_and_raw_text() -> None:
+    result = ChatResult()
+    _parse_completion(result, _answer({
+        "message": {"content": "<think>\nR\n</think>\n\nC", "reasoning_content": None},
+        "finish_reason": "stop", "matched_stop": 9,
+        "prompt_token_ids": [1, 2], "response_token_ids": [5, 6, 9]}))
+    assert result.ok and result.text == "<think>\nR\n</think>\n\nC"
+    assert (result.prompt_token_ids, result.response_token_ids) == ([1, 2], [5, 6, 9])
+    assert result.matched_stop == 9
+    older = ChatResult()  # SGLang 0.5.6 ignores return_token_ids: text only
+    _parse_completion(older, _answer({"message": {"content": "C"}, "finish_reason": "stop"}))
+    assert older.ok and older.response_token_ids is None and older.text == "C"
+
+
+def test_an_answer_split_by_the_server_or_with_bad_ids_is_refused() -> None:
+    split = ChatResult()
+    _parse_completion(split, _answer({"message": {"content": "\n\nC", "reasoning_content": "R"},
+                                      "finish_reason": "stop"}))
+    assert not split.ok and split.error_kind == BAD_RESPONSE and "split" in split.error
+    bad = ChatResult()
+    _parse_completion(bad, _answer({"message": {"content": "C"}, "finish_reason": "stop",
+                                    "response_token_ids": ["5"]}))
+    assert not bad.ok and bad.error_kind == BAD_RESPONSE
 
 
 def test_metrics_text_is_parsed_and_labels_summed() -> None:

@@ -19,7 +19,7 @@ LENGTH_ERROR = (
 )
 
 
-def app(reject: bool) -> web.Application:
+def app(reject: bool, ids: str = "none") -> web.Application:
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "qwen", "max_model_len": 8192}]})
 
@@ -31,11 +31,15 @@ def app(reject: bool) -> web.Application:
                  "param": None, "code": 400}, status=400,
             )  # fmt: skip
         assert body["max_tokens"] == 64 and body["temperature"] == 0.6
+        assert body["return_token_ids"] is True
         await asyncio.sleep(0.05)
+        choice: dict[str, Any] = {"finish_reason": "length", "message": {"content": "x"}}
+        if ids != "none":  # SGLang 0.5.23; "short": fewer ids than its usage counts
+            choice["prompt_token_ids"] = list(range(20))
+            choice["response_token_ids"] = list(range(64 if ids == "exact" else 63))
         return web.json_response(
-            {"choices": [{"finish_reason": "length", "message": {"content": "x"}}],
-             "usage": {"prompt_tokens": 20, "completion_tokens": 64}}
-        )  # fmt: skip
+            {"choices": [choice], "usage": {"prompt_tokens": 20, "completion_tokens": 64}}
+        )
 
     a = web.Application()
     a.router.add_get("/v1/models", models)
@@ -43,10 +47,12 @@ def app(reject: bool) -> web.Application:
     return a
 
 
-async def run_with_servers(rejects: list[bool], **kwargs: Any) -> list[PreflightResult]:
+async def run_with_servers(
+    rejects: list[bool], ids: list[str] | None = None, **kwargs: Any
+) -> list[PreflightResult]:
     runners, urls = [], []
-    for reject in rejects:
-        runner = web.AppRunner(app(reject))
+    for i, reject in enumerate(rejects):
+        runner = web.AppRunner(app(reject, (ids or [])[i] if ids else "none"))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -90,3 +96,15 @@ def test_a_dead_server_is_reported_by_url() -> None:
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with pytest.raises(PreflightError, match=f"- {dead}: /v1/models: ClientConnectorError"):
         asyncio.run(run_with_servers([False], extra_urls=[dead], timeout=5))
+
+
+def test_each_server_is_asked_whether_it_returns_its_token_ids() -> None:
+    results = asyncio.run(run_with_servers([False, False], ids=["exact", "none"]))
+    assert [r.token_ids for r in results] == [True, False] and all(r.ok for r in results)
+    table = format_table(results).splitlines()
+    assert "token ids" in table[0] and "yes" in table[1] and "no (text)" in table[2]
+
+
+def test_token_ids_that_disagree_with_the_servers_usage_fail_preflight() -> None:
+    with pytest.raises(PreflightError, match="63 sampled token ids, but its usage counts"):
+        asyncio.run(run_with_servers([False], ids=["short"]))

@@ -15,6 +15,7 @@ from include.tokenization import (
     tokenize_completions,
     tokenize_shard,
 )
+from include.tokenization.checks import verify
 from include.tokenization.stage import QUARANTINE_REASONS, length_stats
 
 
@@ -34,32 +35,53 @@ def record(
     i: int = 0,
     *,
     thinking: bool = True,
-    content: str | None = "It is four, because two and two make four.",
+    content: str = "It is four, because two and two make four.",
     reasoning: str | None = "Two plus two.\nThat is four.",
     finish: str = "stop",
     source: str = "metamathqa",
     messages: list[dict[str, str]] | None = None,
     prompt_tokens: int | None = None,
+    ids: bool = True,
+    sampled: list[int] | None = None,
+    raw: str | None = None,
 ) -> dict[str, Any]:
-    """Return a completion record whose usage.prompt_tokens is what the server would count."""
+    """Return a completion record as the engine writes it from an SGLang 0.5.23 answer.
+
+    The model's raw output is generated first (``<think>\\n R \\n</think>\\n\\n C``), the
+    server returns it whole (``separate_reasoning`` off) with the ids it sampled, through the
+    matched ``<|im_end|>``. ``ids=False`` is an older server: text only. ``sampled`` replaces
+    the canonical ids (a model may sample a non-canonical split of the same text).
+    """
     messages = messages or MESSAGES
-    if prompt_tokens is None:
-        prompt_tokens = len(
-            tok.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=True, enable_thinking=thinking
-            )["input_ids"]
-        )
-    return {
+    prompt = tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+    )
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    if raw is None:
+        raw = f"<think>\n{reasoning}\n</think>\n\n{content}" if thinking else content
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    if sampled is None:
+        sampled = tok(raw, add_special_tokens=False)["input_ids"] + ([eot] if finish == "stop"
+                                                                     else [])
+    rec: dict[str, Any] = {
         "id": f"{source}:default:{i}",
         "source": source,
         "messages": messages,
         "status": "completed",
-        "content": content,
-        "reasoning_content": reasoning if thinking else None,
+        "text": raw,
         "finish_reason": finish,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 9, "total_tokens": 0},
+        "matched_stop": eot if finish == "stop" else None,
+        "usage": {
+            "prompt_tokens": len(prompt_ids) if prompt_tokens is None else prompt_tokens,
+            "completion_tokens": len(sampled),
+            "total_tokens": len(prompt_ids) + len(sampled),
+        },
         "sampling": {"enable_thinking": thinking},
     }
+    if ids:
+        rec["prompt_token_ids"] = prompt_ids
+        rec["response_token_ids"] = sampled
+    return rec
 
 
 def split(tok: Any, sample: Any) -> tuple[str, str]:
@@ -70,43 +92,91 @@ def split(tok: Any, sample: Any) -> tuple[str, str]:
     return tok.decode(head), tok.decode(tail)
 
 
+def masked(sample: Any) -> list[int]:
+    return [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
+
+
 @pytest.mark.parametrize("thinking", [True, False])
 @pytest.mark.parametrize("include_reasoning", [True, False])
-def test_masks_cover_exactly_the_regenerated_text(
+def test_a_row_is_the_servers_prompt_ids_and_sampled_ids(
     hf_tokenizer: Any, chat: ChatTokenizer, thinking: bool, include_reasoning: bool
 ) -> None:
     rec = record(hf_tokenizer, thinking=thinking)
     result = tokenize_completions(chat, [rec], TokenizeOptions(include_reasoning=include_reasoning))
     assert not result.quarantined and not result.dropped
     (sample,) = result.samples
+    prompt_ids, sampled = rec["prompt_token_ids"], rec["response_token_ids"]
+    assert sample.input_ids[: len(prompt_ids)] == prompt_ids
+    assert sample.token_source == "server"
+    head, tail = split(hf_tokenizer, sample)
+    if thinking and include_reasoning:
+        assert sample.input_ids == prompt_ids + sampled and masked(sample) == sampled
+        # One "\n\n" after </think>, as the model wrote it (the 0.5.23 rebuild had four).
+        assert tail == rec["text"] + "<|im_end|>" and "</think>\n\nIt is" in tail
+        assert "\n\n\n" not in tail
+        assert sample.conversation[-1]["content"] == rec["text"]
+    elif thinking:  # the template's empty think block stands in the prompt, untrained
+        after = sampled[sampled.index(chat.think_close_id) + 1 :]
+        assert masked(sample) == after
+        assert head.endswith("<|im_start|>assistant\n<think>\n\n</think>")
+        assert tail == "\n\n" + rec["text"].split("</think>\n\n")[1] + "<|im_end|>"
+        assert sample.conversation[-1]["content"] == "It is four, because two and two make four."
+    else:
+        assert head.endswith("<think>\n\n</think>\n\n") and masked(sample) == sampled
+    assert sample.length == len(sample.input_ids) and sample.finish_reason == "stop"
+    assert sample.conversation[:-1] == MESSAGES and sample.conversation[-1]["role"] == "assistant"
+    assert result.manifest()["counts"]["token_source"] == {"server": 1, "text": 0}
+
+
+def test_non_canonical_sampled_ids_are_kept_and_counted(
+    hf_tokenizer: Any, chat: ChatTokenizer
+) -> None:
+    vocab = hf_tokenizer.get_vocab()
+    canonical = record(hf_tokenizer, 0, thinking=False, content="It is four")
+    ids = canonical["response_token_ids"]
+    # Find a token that two other tokens spell: the model may sample those two instead.
+    for pos, tid in enumerate(ids[:-1]):
+        piece = hf_tokenizer.convert_ids_to_tokens(tid)
+        cuts = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                if piece[:k] in vocab and piece[k:] in vocab]
+        if cuts:
+            left, right = cuts[0]
+            split_ids = ids[:pos] + [vocab[left], vocab[right]] + ids[pos + 1 :]
+            break
+    else:
+        pytest.skip("no splittable token in the sample text")
+    rec = record(hf_tokenizer, 1, thinking=False, content="It is four", sampled=split_ids)
+    result = tokenize_completions(chat, [canonical, rec])
+    assert not result.quarantined
+    assert masked(result.samples[1]) == split_ids  # what the target sampled, not a re-encode
+    assert masked(result.samples[0]) == ids
+    assert result.manifest()["counts"]["retokenized_text_differs"] == 1
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_a_server_without_ids_gives_the_raw_text_encoded(
+    hf_tokenizer: Any, chat: ChatTokenizer, thinking: bool
+) -> None:
+    rec = record(hf_tokenizer, thinking=thinking, ids=False)
+    (sample,) = tokenize_completions(chat, [rec]).samples
     prompt = hf_tokenizer.apply_chat_template(
         MESSAGES, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
     )
-    head, tail = split(hf_tokenizer, sample)
-    answer = rec["content"] + "<|im_end|>"
-    if thinking and include_reasoning:
-        assert (head, tail) == (
-            prompt,
-            "<think>\n" + rec["reasoning_content"] + "\n</think>\n\n" + answer,
-        )
-        assert "<think>" in sample.conversation[-1]["content"]
-    elif thinking:  # the empty think block is template text, not regenerated: no loss on it
-        assert (head, tail) == (prompt + "<think>\n\n</think>\n\n", answer)
-        assert sample.conversation[-1]["content"] == rec["content"]
-    else:
-        assert prompt.endswith("<think>\n\n</think>\n\n") and (head, tail) == (prompt, answer)
-    # The ids are what encoding the whole text at once gives (no token spans the boundary).
-    full_text = hf_tokenizer.decode(sample.input_ids)
-    assert hf_tokenizer(full_text, add_special_tokens=False)["input_ids"] == sample.input_ids
-    assert sample.length == len(sample.input_ids) and sample.finish_reason == "stop"
-    assert sample.conversation[:-1] == MESSAGES and sample.conversation[-1]["role"] == "assistant"
+    assert sample.token_source == "text"
+    assert split(hf_tokenizer, sample) == (prompt, rec["text"] + "<|im_end|>")
+    # A text that re-encodes to another count than the server sampled is not its ids.
+    off = record(hf_tokenizer, 1, thinking=thinking, ids=False)
+    off["usage"]["completion_tokens"] += 1
+    result = tokenize_completions(chat, [off])
+    assert [q["reason"] for q in result.quarantined] == ["retokenized_count_mismatch"]
 
 
 @pytest.mark.parametrize(
     "content",
-    [" leading space", "  two spaces", "\tTab", "!bang", "123 digits", "é accent", "x", "中文答案"],
+    [" leading space", "  two spaces", "\tTab", "!bang", "123 digits", "é accent", "x", "中文答案",
+     "\nled by newline"],
 )
-def test_ids_equal_a_whole_text_encode_for_awkward_starts(
+def test_awkward_starts_keep_the_servers_ids(
     hf_tokenizer: Any, chat: ChatTokenizer, content: str
 ) -> None:
     recs = [
@@ -115,69 +185,85 @@ def test_ids_equal_a_whole_text_encode_for_awkward_starts(
     ]
     result = tokenize_completions(chat, recs)
     assert not result.quarantined
-    for s in result.samples:
-        text = hf_tokenizer.decode(s.input_ids)
-        assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == s.input_ids
+    for rec, s in zip(recs, result.samples, strict=True):
+        assert s.input_ids == rec["prompt_token_ids"] + rec["response_token_ids"]
 
 
 def test_every_quarantine_reason_is_counted_with_its_id(
-    hf_tokenizer: Any, chat: ChatTokenizer, monkeypatch: pytest.MonkeyPatch
+    hf_tokenizer: Any, chat: ChatTokenizer
 ) -> None:
     good = record(hf_tokenizer, 0)
+    legacy = record(hf_tokenizer, 5, ids=False)
+    del legacy["text"]
+    legacy.update(content="It is four.", reasoning_content="Two plus two.")
+    wrong_ids = record(hf_tokenizer, 6)
+    wrong_ids["response_token_ids"] = wrong_ids["response_token_ids"][:-2] + [
+        wrong_ids["response_token_ids"][-1]
+    ]
+    wrong_ids["usage"]["completion_tokens"] -= 1  # consistent counts, but not this text's ids
+    cut_in_reasoning = record(hf_tokenizer, 10, raw="<think>\nTwo plus", finish="length")
     bad = {
         "invalid_record": {**record(hf_tokenizer, 1), "usage": {}},
         "unexpected_finish_reason": record(hf_tokenizer, 2, finish="abort"),
-        "template_mismatch": record(hf_tokenizer, 3, content="<think>x</think>answer"),
-        "prompt_tokens_mismatch": record(hf_tokenizer, 4, prompt_tokens=7),
+        "template_mismatch": record(hf_tokenizer, 3, thinking=False,
+                                    content="<think>x</think>answer"),
+        "no_raw_text": legacy,
+        "server_ids_mismatch": record(hf_tokenizer, 4, prompt_tokens=7),
+        "prompt_tokens_mismatch": record(hf_tokenizer, 7, prompt_tokens=7, ids=False),
+        "retokenized_count_mismatch": {
+            **record(hf_tokenizer, 8, ids=False),
+            "usage": {"prompt_tokens": good["usage"]["prompt_tokens"], "completion_tokens": 3},
+        },
+        "decode_mismatch": wrong_ids,
+        "mask_all_one": {**record(hf_tokenizer, 9), "prompt_token_ids": [],
+                         "usage": {"prompt_tokens": 0,
+                                   "completion_tokens": good["usage"]["completion_tokens"]}},
     }
-    no_reasoning_when_off = record(hf_tokenizer, 6, thinking=False)
-    no_reasoning_when_off["reasoning_content"] = "I thought anyway"
-    result = tokenize_completions(chat, [good, *bad.values(), no_reasoning_when_off])
+    result = tokenize_completions(chat, [good, *bad.values()])
     reasons = {q["id"]: q["reason"] for q in result.quarantined}
-    assert reasons == {rec["id"]: reason for reason, rec in bad.items()} | {
-        no_reasoning_when_off["id"]: "template_mismatch"
-    }
+    assert reasons == {rec["id"]: reason for reason, rec in bad.items()}
     assert [s.id for s in result.samples] == [good["id"]]
-    counts = result.manifest()["counts"]
-    assert counts["quarantined"]["template_mismatch"] == 2 and counts["written"] == 1
     assert all(q["detail"] for q in result.quarantined)
-
-    # The remaining reasons need a broken tokenizer or template to happen at all.
-    monkeypatch.setattr(ChatTokenizer, "decodes_to", lambda self, ids, text: False)
-    result = tokenize_completions(chat, [good])
-    assert [q["reason"] for q in result.quarantined] == ["decode_mismatch"]
-    monkeypatch.undo()
-    monkeypatch.setattr(ChatTokenizer, "render_prompt", lambda self, m, t: "")
-    result = tokenize_completions(chat, [record(hf_tokenizer, 7, prompt_tokens=0)])
-    assert [q["reason"] for q in result.quarantined] == ["mask_all_one"]
-    monkeypatch.undo()
-    # A template whose prompt ends in "\n" (no think block) and an answer led by "\n": the two
-    # newlines merge into one token across the boundary.
-    plain = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    monkeypatch.setattr(ChatTokenizer, "render_prompt", lambda self, m, t: plain)
-    count = len(hf_tokenizer(plain, add_special_tokens=False)["input_ids"])
-    led = record(hf_tokenizer, 9, thinking=False, content="\nled by newline", prompt_tokens=count)
     result = tokenize_completions(
-        chat, [led, record(hf_tokenizer, 10, thinking=False, prompt_tokens=count)]
-    )
-    assert [q["reason"] for q in result.quarantined] == ["prompt_not_prefix"]
-    assert [s.id for s in result.samples] == ["metamathqa:default:10"]
-    monkeypatch.undo()
-    cut_in_reasoning = record(hf_tokenizer, 8, content=None, finish="length")
-    result = tokenize_completions(
-        chat,
-        [cut_in_reasoning],
+        chat, [cut_in_reasoning],
         TokenizeOptions(include_reasoning=False, keep_truncated_completions=True),
     )
     assert [q["reason"] for q in result.quarantined] == ["mask_all_zero"]
     assert set(result.manifest()["counts"]["quarantined"]) == set(QUARANTINE_REASONS)
 
 
+def test_verify_reads_the_sample_back_against_the_servers_ids() -> None:
+    prompt, sampled = [1, 2, 3], [7, 8, 9]
+    assert verify(prompt + sampled, [0, 0, 0, 1, 1, 1], prompt, sampled) is None
+    assert verify([1, 2, 4, 7, 8, 9], [0, 0, 0, 1, 1, 1], prompt, sampled)[0] == (
+        "prompt_ids_mismatch")
+    assert verify(prompt + sampled, [0, 0, 1, 1, 1, 1], prompt, sampled)[0] == (
+        "prompt_ids_mismatch")
+    assert verify(prompt + [7, 9, 8], [0, 0, 0, 1, 1, 1], prompt, sampled)[0] == (
+        "masked_ids_mismatch")
+    assert verify(prompt + sampled, [0, 0, 0, 1, 1, 0], prompt, sampled)[0] == (
+        "masked_ids_mismatch")
+
+
+def test_ids_that_stop_before_the_end_of_turn_are_closed_untrained(
+    hf_tokenizer: Any, chat: ChatTokenizer
+) -> None:
+    rec = record(hf_tokenizer, thinking=False)
+    rec["response_token_ids"] = rec["response_token_ids"][:-1]  # a server that trims the stop
+    rec["usage"]["completion_tokens"] -= 1
+    rec["matched_stop"] = None
+    result = tokenize_completions(chat, [rec])
+    (sample,) = result.samples
+    assert sample.input_ids[-1] == chat.end_of_turn_id and sample.loss_mask[-1] == 0
+    assert masked(sample) == rec["response_token_ids"]
+    assert result.manifest()["counts"]["closed_by_template"] == 1
+
+
 def test_truncated_completions_are_dropped_unless_kept(
     hf_tokenizer: Any, chat: ChatTokenizer
 ) -> None:
     cut_answer = record(hf_tokenizer, 0, content="It is fo", finish="length")
-    cut_thought = record(hf_tokenizer, 1, content="", reasoning="Two plus", finish="length")
+    cut_thought = record(hf_tokenizer, 1, raw="<think>\nTwo plus", finish="length")
     dropped = tokenize_completions(chat, [cut_answer, cut_thought])
     assert dropped.samples == [] and dropped.manifest()["counts"]["dropped"] == {
         "truncated_completion": 2,
@@ -223,7 +309,9 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
         record(hf_tokenizer, i, source=("a", "b")[i % 2], content="word " * (i + 1))
         for i in range(6)
     ]
-    result = tokenize_completions(chat, [*recs, record(hf_tokenizer, 9, prompt_tokens=1)])
+    result = tokenize_completions(
+        chat, [*recs, record(hf_tokenizer, 9, prompt_tokens=1, ids=False)]
+    )
     table = pq.read_table(io.BytesIO(result.to_parquet()))
     assert table.schema == pa.schema(
         [
@@ -233,6 +321,7 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
             ("source", pa.string()),
             ("id", pa.string()),
             ("finish_reason", pa.string()),
+            ("token_source", pa.string()),
         ]
     )
     rows = table.to_pylist()
@@ -287,37 +376,28 @@ def test_tokenize_shard_publishes_create_only(
     assert tokenize_shard(store, 0, chat) == manifest  # a retry rewrites nothing
 
 
-def test_a_template_of_another_layout_is_refused(hf_tokenizer: Any) -> None:
+def test_the_empty_think_block_is_read_off_the_template(
+    hf_tokenizer: Any, chat: ChatTokenizer
+) -> None:
     import copy
 
     from include.tokenization import TokenizerError
 
+    assert chat.empty_think_closing() == "<think>\n\n</think>"
     other = copy.deepcopy(hf_tokenizer)
     other.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(TokenizerError, match="renders an assistant turn differently"):
-        ChatTokenizer(other)
-
-
-def test_junction_proof_never_accepts_a_wrong_split(hf_tokenizer: Any, chat: ChatTokenizer) -> None:
-    import random
-
-    rng = random.Random(7)
-    alphabet = [" ", "  ", "\n", "\n\n", "\t", ".", "!", "'s", "7", "a", "Word", "é", "中", "\r\n"]
-    recs = []
-    for i in range(300):
-        content = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
-        recs.append(record(hf_tokenizer, i, thinking=bool(i % 2), content=content))
-    for include_reasoning in (True, False):
-        result = tokenize_completions(
-            chat, recs, TokenizeOptions(include_reasoning=include_reasoning)
-        )
-        assert len(result.samples) + len(result.quarantined) == len(recs)
-        for s in result.samples:
-            text = hf_tokenizer.decode(s.input_ids)
-            assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == s.input_ids
+    plain = ChatTokenizer(other)
+    rec = record(other, 0)
+    with pytest.raises(TokenizerError, match="empty think block"):
+        plain.empty_think_closing()
+    result = tokenize_completions(plain, [rec], TokenizeOptions(include_reasoning=False))
+    assert [q["reason"] for q in result.quarantined] == ["template_mismatch"]
+    # With reasoning kept, a template of any layout is fine: the row is the server's ids.
+    assert tokenize_completions(plain, [rec]).samples[0].input_ids == (
+        rec["prompt_token_ids"] + rec["response_token_ids"])
 
 
 def test_the_byte_table_decodes_as_the_tokenizer_does(chat: ChatTokenizer) -> None:
