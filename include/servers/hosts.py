@@ -23,6 +23,46 @@ class HostError(RuntimeError):
     """A host cannot be reached or a command on it failed; the message names host and fix."""
 
 
+def _true(value: Any) -> bool:
+    return str(value).strip().lower() == "true"
+
+
+def host_key_problems(ssh_conn_id: str, extra: dict[str, Any]) -> list[str]:
+    """Return why an SSH connection to a GPU host does not pin its host key ([]: it does).
+
+    The commands sent to a GPU host start servers and carry their API key on stdin: a host
+    that cannot prove who it is must not receive them. A connection must give the host's
+    public key (``host_key`` extra) and must not turn the check off.
+    """
+    fix = ("put the host's public key with its type in the `host_key` extra (e.g. "
+           "'ssh-ed25519 AAAA...', from `ssh-keyscan -t ed25519 HOST`)")
+    problems = []
+    if _true(extra.get("no_host_key_check")) or _true(extra.get("ignore_hostkey_verification")):
+        problems.append(f"SSH connection `{ssh_conn_id}` sets `no_host_key_check`: it would "
+                        f"connect to any machine answering at that address; remove it and {fix}")
+    if _true(extra.get("allow_host_key_change")):
+        problems.append(f"SSH connection `{ssh_conn_id}` sets `allow_host_key_change`: a "
+                        "changed host key would be accepted; remove it")
+    if not str(extra.get("host_key") or "").strip():
+        problems.append(f"SSH connection `{ssh_conn_id}`: the host key is unknown (no "
+                        f"`host_key` extra); {fix}")
+    return problems
+
+
+def check_host_key_pinned(ssh_conn_id: str, extra: Any) -> None:
+    """Raise HostError unless the connection pins its host's key (see ``host_key_problems``)."""
+    if isinstance(extra, str):
+        import json
+
+        try:
+            extra = json.loads(extra) if extra.strip() else {}
+        except ValueError:
+            extra = {}
+    problems = host_key_problems(ssh_conn_id, extra if isinstance(extra, dict) else {})
+    if problems:
+        raise HostError("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class CommandResult:
     """Hold what one shell command on a host returned."""
@@ -95,7 +135,13 @@ class SSHRunner(HostRunner):
             if transport is not None and transport.is_active():
                 return self._client
         from airflow.providers.ssh.hooks.ssh import SSHHook
+        from airflow.sdk import BaseHook
 
+        try:
+            conn = BaseHook.get_connection(self.ssh_conn_id)
+        except Exception as exc:
+            raise HostError(f"{self.label}: cannot read the connection ({exc})") from exc
+        check_host_key_pinned(self.ssh_conn_id, conn.extra_dejson)
         try:
             self._hook = SSHHook(
                 ssh_conn_id=self.ssh_conn_id,

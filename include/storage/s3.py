@@ -236,6 +236,21 @@ class S3Store:
             "writer is writing this key right now. Retry the task."
         )
 
+    def put_unconditional_check(self, key: str, data: bytes) -> bool:
+        """Write ``key`` with ``If-None-Match: *`` once; return whether the store took it.
+
+        Only for ``include.storage.probe``: False means the store refused the key as existing,
+        as a create-only store must on a second write.
+        """
+        check_write(self.uri(key), self.protected)
+        for attempt in range(_CONFLICT_RETRIES + 1):
+            try:
+                return self._put_single(self._key(key), data,
+                                        hashlib.sha256(data).digest()) is not None
+            except ConditionalConflict:
+                time.sleep(0.05 * 2**attempt)
+        raise StoreError(f"probing {self.uri(key)}: S3 kept answering ConditionalRequestConflict")
+
     def _put_single(self, full: str, data: bytes, digest: bytes) -> dict[str, Any] | None:
         """Return the put response, or None when the key already exists (412)."""
         from botocore.exceptions import ClientError

@@ -1,0 +1,44 @@
+"""A GPU host's SSH connection must pin the host's key: the rule, and the runner enforcing it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from include.servers.hosts import HostError, SSHRunner, check_host_key_pinned, host_key_problems
+
+PINNED = {"key_file": "/k", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA"}
+
+
+def test_a_pinned_host_key_passes() -> None:
+    assert host_key_problems("gpu", PINNED) == []
+    check_host_key_pinned("gpu", json.dumps(PINNED))  # the extra as a JSON string, too
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"key_file": "/k"}, "the host key is unknown"),
+        ({**PINNED, "no_host_key_check": True}, "sets `no_host_key_check`"),
+        ({**PINNED, "no_host_key_check": "true"}, "sets `no_host_key_check`"),
+        ({**PINNED, "ignore_hostkey_verification": "True"}, "sets `no_host_key_check`"),
+        ({**PINNED, "allow_host_key_change": "true"}, "sets `allow_host_key_change`"),
+        ({**PINNED, "host_key": "  "}, "the host key is unknown"),
+    ],
+)
+def test_a_connection_that_does_not_pin_the_key_is_refused(extra: dict, fragment: str) -> None:
+    problems = host_key_problems("gpu_a", extra)
+    assert len(problems) == 1 and fragment in problems[0] and "`gpu_a`" in problems[0]
+    with pytest.raises(HostError, match=fragment.replace("`", ".")):
+        check_host_key_pinned("gpu_a", extra)
+
+
+def test_the_runner_refuses_before_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = {"conn_type": "ssh", "host": "10.0.0.9", "login": "u",
+            "extra": {"key_file": "/nonexistent", "no_host_key_check": True}}
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_OPEN", json.dumps(conn))
+    runner = SSHRunner("gpu_open", "10.0.0.9", connect_attempts=1)
+    with pytest.raises(HostError, match="no_host_key_check"):
+        runner.run("true")
+    assert runner._client is None  # nothing was sent anywhere
