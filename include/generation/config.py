@@ -31,6 +31,8 @@ class EngineConfig:
     health_interval_s: float = 5.0
     progress_interval_s: float = 30.0
     api_key: str | None = None
+    #: The Airflow connection whose password is the servers' API key (named in a 401's error).
+    sglang_conn_id: str | None = None
     all_down_timeout_s: float = 600.0
     metrics_interval_s: float = 1.0
     backoff_base_s: float = 0.5
@@ -63,6 +65,7 @@ class EngineConfig:
             health_interval_s=settings.health_interval_s,
             progress_interval_s=settings.progress_interval_s,
             api_key=settings.api_key,
+            sglang_conn_id=settings.deployment.sglang_conn_id,
         )
         values.update(overrides)
         return cls(**values)

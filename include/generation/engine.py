@@ -39,7 +39,7 @@ from include.generation.outcome import (
     ShardOutcome,
     check_accounting,
 )
-from include.generation.pool import ServerPool, ServerState
+from include.generation.pool import ServerPool, ServerState, unauthorized_cause
 from include.generation.retry import decide_retry
 from include.generation.tally import Tally
 
@@ -137,6 +137,7 @@ class _Run:
             health_interval_s=cfg.health_interval_s, headers=self.headers,
             metrics_interval_s=cfg.metrics_interval_s, changed=self.wake,
             cool_down_s=cfg.cool_down_s, cool_down_max_s=cfg.cool_down_max_s,
+            sglang_conn_id=cfg.sglang_conn_id,
         )
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             try:
@@ -294,9 +295,9 @@ class _Run:
             self._rebudget(item, decision.prompt_tokens)
         elif decision.verdict == "fatal":
             self.fatal = (
-                f"{self.shard_id}: server {server.url} answered 401 Unauthorized: the api_key "
-                "setting does not match the servers' --api-key. Nothing more is sent; fix "
-                "api_key and run the shard again (finished prompts are kept)."
+                f"{self.shard_id}: server {server.url} answered 401 Unauthorized: "
+                f"{unauthorized_cause(self.cfg.sglang_conn_id)}. Nothing more is sent; run the "
+                "shard again once the key matches (finished prompts are kept)."
             )
             # Not the prompt's fault: leave it unfinished so the re-run sends it again.
             self.pending.appendleft(item)

@@ -31,12 +31,22 @@ import aiohttp
 
 from include.generation.client import CONNECT
 from include.generation.window import next_window, parse_metrics
+from include.sglang_health import health_probe_timeout_s
 
 log = logging.getLogger(__name__)
 
 #: Health probes failed in a row (timeout or not 200) after which a server counts as gone.
 #: One failed probe only rests it: a loaded host can miss one without losing its work.
 PROBES_TO_EJECT = 3
+
+
+def unauthorized_cause(sglang_conn_id: str | None = None) -> str:
+    """Return why a server answers 401, naming the connection holding the run's API key."""
+    conn = (f"Airflow connection {sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)" if sglang_conn_id
+            else "the Airflow connection named by REGEN_SGLANG_CONN_ID")
+    return (f"it was started with another API key than the password of {conn}; set that "
+            "password to the servers' key, or relaunch the servers with it")
+
 
 @dataclass
 class ServerState:
@@ -118,6 +128,7 @@ class ServerPool:
         changed: asyncio.Event | None = None,
         cool_down_s: float = 5.0,
         cool_down_max_s: float = 30.0,
+        sglang_conn_id: str | None = None,
     ) -> None:
         if not urls:
             raise ValueError("no servers: set server_urls or gpu_hosts")
@@ -130,6 +141,8 @@ class ServerPool:
         self.health_interval_s = health_interval_s
         self.metrics_interval_s = metrics_interval_s
         self.headers = headers or {}
+        #: The Airflow connection whose password is the servers' API key (for messages).
+        self.sglang_conn_id = sglang_conn_id
         window = start_window if mode == "fixed" else max(min_window, min(start_window, max_window))
         self.servers = [ServerState(url.rstrip("/"), window) for url in urls]
         #: Set whenever a server's room changes (rests, ejected, re-admitted, new window).
@@ -299,7 +312,7 @@ class ServerPool:
                     if resp.status == 401:
                         raise PermissionError(
                             f"server {server.url} answered 401 Unauthorized to /v1/models: "
-                            "the api_key setting does not match the server's --api-key"
+                            f"{unauthorized_cause(self.sglang_conn_id)}"
                         )
                     data = await resp.json(content_type=None)
                 entry = data["data"][0]
@@ -330,8 +343,8 @@ class ServerPool:
         self._tasks.clear()
 
     def probe_timeout_s(self) -> float:
-        """Return how long one health probe may take."""
-        return max(2.0, min(10.0, 2 * self.health_interval_s))
+        """Return how long one health probe may take (SGLang's /health takes 1 s or more)."""
+        return health_probe_timeout_s(min(10.0, 2 * self.health_interval_s))
 
     async def _health_loop(self, session: aiohttp.ClientSession) -> None:
         timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s())

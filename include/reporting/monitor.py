@@ -31,6 +31,7 @@ from typing import Any
 from cachetools import LRUCache, TTLCache
 
 from include.generation.journal import is_final, merge_lines
+from include.sglang_health import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
 from include.storage import LocalStore, S3Store, Store
 
 #: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
@@ -104,11 +105,12 @@ class _Part:
 class RunMonitor:
     """Read run states under one output root, with bounded caches (see the module doc)."""
 
-    def __init__(self, store: Store, probe_timeout_s: float = 1.0, ttl_s: float = 5.0,
-                 max_runs: int = 64, max_journal_records: int = 200_000,
+    def __init__(self, store: Store, probe_timeout_s: float = HEALTH_PROBE_TIMEOUT_FLOOR_S,
+                 ttl_s: float = 5.0, max_runs: int = 64, max_journal_records: int = 200_000,
                  timer: Callable[[], float] = time.monotonic) -> None:
         self.store = store
-        self.probe_timeout_s = probe_timeout_s
+        # SGLang's /health takes at least 1 s: a shorter probe shows every server down.
+        self.probe_timeout_s = health_probe_timeout_s(probe_timeout_s)
         self._lock = threading.RLock()
         self._names: TTLCache[str, list[str]] = TTLCache(1, ttl_s, timer)
         self._states: TTLCache[str, dict[str, Any]] = TTLCache(max_runs, ttl_s, timer)

@@ -6,7 +6,9 @@ the final outcome, so every decision is unit-tested without a host (tests/unit/s
 
 Launching one server (``launch_step``)::
 
-    port closed, a process of ours alive -> wait for it to open the port; still closed: fail
+    port closed, a process of ours alive -> it is loading (SGLang opens its port only once the
+                                            model is loaded): lease it; the health gate waits
+                                            for it and checks it once it answers
     port closed, no process              -> start one
     answers with the run's settings      -> reuse it, under this run's lease
     answers with other settings          -> leave it running (refuse), or with
@@ -27,9 +29,10 @@ from include.servers.checks import ModelExpectation, served_model_differences
 from include.servers.commands import ServerSpec, parse_fields
 from include.servers.report import Action, ServerOutcome
 
-#: ``wait``: our process lives but its port is closed (still starting; another would fail to
-#: bind): give it time, then decide again with ``waited``. ``unresponsive``: it still is.
-LaunchStep = Literal["wait", "unresponsive", "start", "reuse", "refuse", "replace"]
+#: ``loading``: the pid file names a live server process whose port is closed. Real SGLang
+#: binds its port only after loading the weights and capturing CUDA graphs (minutes for a
+#: 27B model), so the process is loading; starting another would only fail to bind.
+LaunchStep = Literal["loading", "start", "reuse", "refuse", "replace"]
 #: Which ``StopReport`` list a server's teardown ends in.
 StopBucket = Literal["stopped", "kept", "left_behind", "skipped"]
 
@@ -91,34 +94,19 @@ def launch_step(
     expected: ModelExpectation,
     *,
     replace_mismatched: bool,
-    waited: bool = False,
     sglang_conn_id: str | None = None,
 ) -> tuple[LaunchStep, list[str]]:
     """Return what to do with a server, and how it differs from the run when it answers.
 
     ``alive``: the server's pid file names a live process (read only when the port is closed).
-    ``waited``: the launcher already gave that process its time to open the port.
+    A loading server is not checked here: the health gate checks it once its port opens.
     """
     if not probe.answering:
-        if alive:
-            return ("unresponsive" if waited else "wait"), []
-        return "start", []
+        return ("loading" if alive else "start"), []
     differences = probe_differences(probe, expected, sglang_conn_id)
     if not differences:
         return "reuse", []
     return ("replace" if replace_mismatched else "refuse"), differences
-
-
-def unresponsive_outcome(
-    spec: ServerSpec, status: ServerStatus, owned: bool, waited_s: float, log_tail: str
-) -> ServerOutcome:
-    """Return the failure of a live server process whose port stayed closed."""
-    return ServerOutcome(
-        spec, "failed", owned, status.pid,
-        f"process {status.pid} (from {spec.paths.pid_file}) is alive but {spec.url} has "
-        f"not answered for {waited_s:.0f} s; stop it or check its log "
-        f"{spec.paths.log_file}:\n{log_tail}",
-    )  # fmt: skip
 
 
 def refused_outcome(
@@ -194,6 +182,30 @@ def reused_outcome(
     return ServerOutcome(
         spec, "reused", owned, leased.pid, f"{detail}; leases now: {leased.leases}", leased=True
     )
+
+
+def loading_outcome(
+    spec: ServerSpec,
+    owner: str | None,
+    owned: bool,
+    before: ServerStatus,
+    leased: ServerStatus | None = None,
+) -> ServerOutcome:
+    """Return a server found loading its model; ``leased``: its status once this run leased it.
+
+    It serves the run like a started or reused one (its URL is the run's, it is no problem):
+    the health gate waits for its port to open, then checks its model and context length.
+    """
+    detail = (f"process {before.pid} (pid file {spec.paths.pid_file}) is alive and its port "
+              "is closed: loading its model; the health gate waits for it")
+    detail += (f"; started earlier by this run ({owner})" if owned
+               else f"; started by {before.owner or 'a launcher'}")
+    if leased is None:
+        return ServerOutcome(spec, "loading", owned, before.pid, detail)
+    return ServerOutcome(
+        spec, "loading", owned, leased.pid, f"{detail}; leases now: {leased.leases}",
+        leased=True,
+    )  # fmt: skip
 
 
 def started_outcome(

@@ -3,10 +3,13 @@
 ``launch_servers(settings, owner=...)`` is idempotent: a server already answering
 ``/v1/models`` with the run's model name and context length is reused; one answering with other
 settings is reported (and replaced only with ``replace_mismatched_servers``, and never while
-another run leases it); a silent port gets a new server. Every server the run uses gets the
-run's lease on its host. The ``LaunchReport`` it returns is JSON data for XCom;
-``stop_servers(report)`` releases the run's leases and stops a server only when no other run
-still leases it, so one run's teardown never stops servers another run generates on.
+another run leases it); a closed port with a live server process behind it is a server loading
+its model (SGLang opens its port only then), used as it is, without waiting here: the health
+gate waits for it and checks it; a silent port without a process gets a new server. Every
+server the run uses gets the run's lease on its host. The ``LaunchReport`` it returns is JSON
+data for XCom; ``stop_servers(report)`` releases the run's leases and stops a server only when
+no other run still leases it, so one run's teardown never stops servers another run generates
+on.
 
 The servers' API key (``settings.api_key``, the password of the ``sglang_conn_id`` connection)
 reaches a server in its ``--config`` file, written from the SSH command's stdin; it is in no
@@ -34,6 +37,7 @@ from include.servers.decisions import (
     ModelsProbe,
     ServerStatus,
     launch_step,
+    loading_outcome,
     refused_outcome,
     replace_blocked,
     reused_outcome,
@@ -41,7 +45,6 @@ from include.servers.decisions import (
     started_outcome,
     stop_verdict,
     stopped_meanwhile,
-    unresponsive_outcome,
 )
 from include.servers.hosts import HostError, Runners, fetch_log_tail, run_on_host
 from include.servers.lifecycle import (
@@ -103,7 +106,6 @@ def launch_servers(
     owner: str | None = None,
     runners: Runners | None = None,
     connect_attempts: int = 3,
-    starting_wait_s: float = 30.0,
     probe_timeout_s: float = 5.0,
     stop_grace_s: float = 30.0,
 ) -> LaunchReport:
@@ -117,8 +119,8 @@ def launch_servers(
     ``report.raise_for_problems()``), so the report still reaches teardown. ``owner`` (e.g.
     ``"<dag_id>/<run_id>"``) names the run's lease on each server it uses and is written next
     to each server it starts: a retried launch task of the same run finds its own servers and
-    keeps owning them. ``starting_wait_s`` is how long a live server process that does not
-    answer yet is given to open its port before it is reported as failed.
+    keeps owning them. A server found loading (alive, port closed) is leased and reported as
+    ``loading`` at once: the health gate waits for it up to ``launch_timeout_s``.
     """
     from include.settings.errors import SettingsError
 
@@ -136,8 +138,7 @@ def launch_servers(
         for spec in specs:
             outcome = _launch_one(
                 spec, settings, expected, runners, owner,
-                starting_wait_s=starting_wait_s, probe_timeout_s=probe_timeout_s,
-                stop_grace_s=stop_grace_s,
+                probe_timeout_s=probe_timeout_s, stop_grace_s=stop_grace_s,
             )  # fmt: skip
             log.info("server %s: %s %s", spec.name, outcome.action, outcome.detail)
             report.servers.append(outcome)
@@ -170,7 +171,6 @@ def _launch_one(
     runners: Runners,
     owner: str | None,
     *,
-    starting_wait_s: float,
     probe_timeout_s: float,
     stop_grace_s: float,
 ) -> ServerOutcome:
@@ -181,24 +181,14 @@ def _launch_one(
     owned = status.owned_by(owner)
     step, differences = launch_step(probe, status.alive, expected, replace_mismatched=replace,
                                     sglang_conn_id=conn_id)
-    if step == "wait":
-        # Starting another server would only fail to bind: give this one time to open the port.
-        deadline = time.monotonic() + starting_wait_s
-        while not probe.answering and time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            probe = probe_models(spec.url, key, probe_timeout_s)
-            if not server_status(runners, spec).alive:
-                break
-        alive = not probe.answering and server_status(runners, spec).alive
-        step, differences = launch_step(probe, alive, expected, replace_mismatched=replace,
-                                        waited=True, sglang_conn_id=conn_id)
-    if step == "unresponsive":
-        tail = fetch_log_tail(runners, spec, 20, secret=key)
-        return unresponsive_outcome(spec, status, owned, starting_wait_s, tail)
+    if step == "loading":
+        # SGLang opens its port once its model is loaded (minutes): lease it, the gate waits.
+        return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s,
+                      loading=True)
     if step == "start":
         return _start(spec, settings, runners, owner, "started")
     if step == "reuse":
-        return _reuse(spec, settings, runners, owner, owned, status, probe_timeout_s)
+        return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s)
     if step == "refuse":
         return refused_outcome(spec, status, differences)
     release = _release(runners, spec, owner, stop_grace_s)
@@ -212,7 +202,7 @@ def _launch_one(
     return outcome
 
 
-def _reuse(
+def _lease(
     spec: ServerSpec,
     settings: RunSettings,
     runners: Runners,
@@ -220,9 +210,13 @@ def _reuse(
     owned: bool,
     status: ServerStatus,
     probe_timeout_s: float,
+    *,
+    loading: bool = False,
 ) -> ServerOutcome:
+    """Take this run's lease on a server answering (reuse) or loading; start it if it is gone."""
+    outcome = loading_outcome if loading else reused_outcome
     if not owner:
-        return reused_outcome(spec, owner, owned, status)
+        return outcome(spec, owner, owned, status)
     leased = ServerStatus.parse(
         run_on_host(runners, spec, build_acquire_command(spec.paths, owner),
                     timeout=LOCK_WAIT_S + 30).stdout
@@ -231,7 +225,7 @@ def _reuse(
         spec.url, settings.api_key, probe_timeout_s
     ).answering:
         return _start(spec, settings, runners, owner, "started")
-    return reused_outcome(spec, owner, owned, status, leased)
+    return outcome(spec, owner, owned, status, leased)
 
 
 def _start(

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec
 
-Action = Literal["started", "replaced", "reused", "mismatched", "failed"]
+#: ``loading``: found alive with its port closed, loading its model (leased; the gate waits).
+Action = Literal["started", "replaced", "reused", "loading", "mismatched", "failed"]
 
 
 @dataclass
@@ -68,7 +69,8 @@ class LaunchReport:
     """Record the outcome of ``launch_servers`` for every server; JSON data via ``to_dict``.
 
     ``started`` are the servers this run launched; ``problems`` are servers that will not
-    serve this run (mismatched or failed to start). ``sglang_conn_id`` names the Airflow
+    serve this run (mismatched or failed to start); a server found loading is neither: it
+    serves the run once the health gate saw it answer. ``sglang_conn_id`` names the Airflow
     connection whose password is the servers' API key.
     """
 
@@ -90,7 +92,7 @@ class LaunchReport:
 
     @property
     def urls(self) -> list[str]:
-        """Return the URLs of servers that should serve this run (started, replaced, reused)."""
+        """Return the URLs of the servers for this run: started, replaced, reused, loading."""
         return [s.server.url for s in self.servers if s.action not in ("mismatched", "failed")]
 
     def health_targets(self) -> list[dict[str, Any]]:

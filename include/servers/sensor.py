@@ -36,6 +36,10 @@ class ServerNotReadyError(RuntimeError):
 class ServerHealthSensor(BaseSensorOperator):
     """Wait until one server's ``/health`` is 200 and its ``/v1/models`` fits the run.
 
+    A server the launcher started, and one it found loading (another run's, or this run's
+    before a retry), are waited for alike: up to ``timeout_s``, failing at once if the
+    process exits; the model name and context length are checked once it answers.
+
     :param server: ``ServerSpec.to_dict()`` (an entry of ``LaunchReport.health_targets()``).
     :param expected: ``ModelExpectation.to_dict()`` the served model is checked against.
     :param timeout_s: Longest wait for the server to load (setting ``launch_timeout_s``).

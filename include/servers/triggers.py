@@ -1,6 +1,7 @@
 """Wait in the triggerer until one SGLang server is healthy and serves the run's model.
 
-``ServerHealthTrigger`` polls ``/health`` (connection refused and 503 mean "not yet") until
+``ServerHealthTrigger`` polls ``/health`` (connection refused and 503 mean "not yet": SGLang
+opens its port only once the model is loaded, then answers 503 while it warms up) until
 200 or an absolute deadline, then checks ``/v1/models`` with ``served_model_differences``, and
 yields one ``TriggerEvent``. While waiting it checks now and then, over SSH or locally, that
 the server's process (from its pid file) is still alive: a server that exited fails at once,
@@ -32,6 +33,7 @@ from include.servers.commands import (
     redact,
 )
 from include.servers.lifecycle import build_status_command
+from include.sglang_health import health_probe_timeout_s
 
 __all__ = ["ServerHealthTrigger", "read_api_key"]
 
@@ -202,12 +204,22 @@ class ServerHealthTrigger(BaseTrigger):
                     )
         return self._payload("waiting", f"/health: {self._last_health}")
 
+    def health_timeout_s(self) -> float:
+        """Return how long one ``/health`` poll may take: SGLang's takes 1 s or more."""
+        return health_probe_timeout_s(min(10.0, self.poke_interval * 2))
+
     async def _health(self, session: aiohttp.ClientSession) -> int | None:
-        timeout = aiohttp.ClientTimeout(total=max(1.0, min(10.0, self.poke_interval * 2)))
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s())
         try:
             async with session.get(self._spec.url + "/health", timeout=timeout) as resp:
                 self._last_health = f"HTTP {resp.status}"
                 return resp.status
+        except aiohttp.ClientConnectorError as exc:
+            # A live SGLang process keeps its port closed while it loads the model.
+            refused = isinstance(exc.os_error, ConnectionRefusedError)
+            self._last_health = ("connection refused (the port opens once the model is loaded)"
+                                 if refused else type(exc).__name__)
+            return None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._last_health = f"{type(exc).__name__}"
             return None

@@ -112,6 +112,34 @@ def _check_earlier_shards(run: RunSettings) -> None:
     run.shard_numbers(len(manifest["shards"]))
 
 
+#: Served names SGLang takes with ':' all the same: object-storage URIs
+#: (``utils/runai_utils.py`` ``is_runai_obj_uri``, checked in ``arg_groups/validation_hook.py``).
+_OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://")
+
+
+def _check_served_name(run: RunSettings) -> None:
+    """Refuse a served name SGLang exits on: the model path, when no served name is set.
+
+    ``served_model_name`` itself refuses ':' by its pattern; the servers are launched with
+    ``--served-model-name`` set to ``model_name``, which is the model path when it is empty.
+    """
+    if run.served_model_name or ":" not in run.model_path:
+        return
+    if run.model_path.lower().startswith(_OBJECT_STORE_SCHEMES):
+        return
+    raise SettingsError(
+        f"setting `model_path`: got {run.model_path!r} and no `served_model_name`, so the "
+        "servers would be named after the model path, and SGLang exits at start-up on a served "
+        "model name with ':' (reserved for LoRA adapters, 'model:adapter'); accepted: set "
+        "`served_model_name` to a name of letters, digits and ._/- (e.g. "
+        f"{_suggest_name(run.model_path)!r})")
+
+
+def _suggest_name(model_path: str) -> str:
+    tail = model_path.replace(":", "-").rstrip("/").rsplit("/", 1)[-1]
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in tail)[:200] or "model"
+
+
 def _check_api_key(run: RunSettings) -> None:
     from include.servers.checks import key_problems
 
@@ -144,6 +172,7 @@ def check_settings(params: Mapping[str, Any] | None,
         problems += _problem(lambda i=i: _check_source(i, run))
     for i in range(len(run.dedupe_against)):
         problems += _problem(lambda i=i: _check_dedupe(i, run))
+    problems += _problem(lambda: _check_served_name(run))
     problems += _problem(lambda: _check_api_key(run))
     problems += _problem(lambda: _check_tokenizer(run))
     if not problems:  # the run's location is valid: look at what an earlier run left there

@@ -31,7 +31,9 @@ PATTERN_ACCEPTED = {
                 "or digit)",
     "shard_range": "shard numbers and ranges low-high, e.g. '120-179' or '0-9,42'",
     "reasoning_parser": "a parser name: letters, digits, '_' and '-'",
-    "served_model_name": "letters, digits and ._/:- (no spaces)",
+    "served_model_name": "letters, digits and ._/- (no spaces, no ':': SGLang exits at "
+                         "start-up on a served name with ':', which it reserves for LoRA "
+                         "adapters, 'model:adapter')",
 }
 
 

@@ -62,9 +62,10 @@ class RunSettings(BaseModel):
     model_path: str = _s("Model and servers", "Model path",
                         "Model the servers load: one of the deployment's allowed models.",
                         "Qwen/Qwen3.6-27B")
+    # No ':' (SGLang refuses it at start-up: it marks a LoRA adapter, "model:adapter").
     served_model_name: str | None = _s(
         "Model and servers", "Served model name", "Name the servers report; empty means the "
-        "model path.", None, pattern=r"^(?!.*\n)[A-Za-z0-9._/:\-]{1,200}$")
+        "model path.", None, pattern=r"^(?!.*\n)[A-Za-z0-9._/\-]{1,200}$")
     tokenizer_path: str | None = _s(
         "Model and servers", "Tokenizer path",
         "The target model's tokenizer (hub id, or a local path under a data root) for token "

@@ -132,7 +132,7 @@ def test_a_hanging_server_times_out_and_its_work_moves_elsewhere(
 def test_wrong_api_key_fails_fast_with_a_clear_error(standins, tokenizer_dir, tmp_path):
     servers = standins(1, api_key="right-key")
     journal = FileJournal(tmp_path / "j.jsonl")
-    with pytest.raises(GenerationError, match="api_key"):
+    with pytest.raises(GenerationError, match="REGEN_SGLANG_CONN_ID"):
         run_shard("shard-00000", make_prompts(5), [servers[0].url], journal,
                   engine_config(api_key="wrong-key"), token_counter(tokenizer_dir))
     journal.close()
@@ -178,21 +178,28 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     run_part, deployment_part = split(settings)
     (tmp_path / "settings.json").write_text(json.dumps(run_part))
     env = dict(os.environ, PYTHONPATH=str(ROOT), **deployment_env(deployment_part))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "include.generation", "--shard", "shard-00000",
-         "--servers", ",".join(s.url for s in servers), "--settings",
-         str(tmp_path / "settings.json")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 120
-    while (time.monotonic() < deadline and proc.poll() is None
-           and len(load_journal_records(store, "shard-00000")) < 20):
-        time.sleep(0.1)
-    assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")[-3000:]
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    command = [sys.executable, "-m", "include.generation", "--shard", "shard-00000",
+               "--servers", ",".join(s.url for s in servers), "--settings",
+               str(tmp_path / "settings.json")]
+    out_path, err_path = tmp_path / "cli.out", tmp_path / "cli.err"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=err)
+        deadline = time.monotonic() + 120
+        while (time.monotonic() < deadline and proc.poll() is None
+               and (len(load_journal_records(store, "shard-00000")) < 20
+                    or b"shard-00000 progress: " not in err_path.read_bytes())):
+            time.sleep(0.1)
+        assert proc.poll() is None, err_path.read_text(errors="replace")[-3000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     before = load_journal_records(store, "shard-00000")
     assert 0 < len(before) < 150, "the kill should land mid-shard"
+    # Killed before its summary: nothing on stdout, its log (Airflow's too) on stderr.
+    assert out_path.read_bytes() == b"", out_path.read_text(errors="replace")[:2000]
+    log_text = err_path.read_text(errors="replace")
+    assert "settings checked; resolved" in log_text
+    assert "shard-00000: 150 prompts, 0 already finished" in log_text
+    assert "shard-00000 progress: " in log_text
 
     summary = generate_shard(run_settings(settings), "shard-00000",
                              [s.url for s in servers], store)
@@ -203,9 +210,14 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     for pid, rec in before.items():  # what the first run finished is kept, not redone
         assert records[pid] == rec
 
-    again = generate_shard(run_settings(settings), "shard-00000",
-                           [s.url for s in servers], store)
+    # The CLI again, to its end: stdout is its summary, one JSON line; the log is on stderr.
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and done.stdout == lines[0] + "\n", done.stdout[:2000]
+    again = json.loads(lines[0])
     assert again["resumed"] == 150 and again["counts"]["completed"] == 150
+    assert "shard-00000: 150 prompts, 150 already finished" in done.stderr
 
 
 def test_store_journal_keeps_a_shard_resumable_across_workers(

@@ -36,6 +36,8 @@ def test_a_backfill_keeps_the_servers_of_the_run_it_shares_them_with(
     settings = make_settings(hosts=[host([0, 1])], api_key="sk-shared")
     a = launch_servers(settings, owner=RUN_A)
     assert [s.action for s in a.servers] == ["started", "started"]
+    # Loaded (a server still loading is leased as `loading`: test_loading_servers.py).
+    assert all(wait_answering(url) for url in a.urls)
     b = launch_servers(settings, owner=RUN_B)
     assert [s.action for s in b.servers] == ["reused", "reused"]
     assert all(s.leased and not s.started_by_this_run for s in b.servers)

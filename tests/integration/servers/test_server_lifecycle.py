@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -190,7 +191,8 @@ def test_server_that_exits_at_start_fails_with_its_log_tail_redacted(
     assert "/nonexistent/model-dir" in tail  # the server's own complaint, from its log
     # Like SGLang, the server logged its arguments with the key; the tail never carries it.
     assert key in Path(report.servers[0].server.paths.log_file).read_text()
-    assert "api_key='***'" in tail and key not in text
+    # v0.5.23 logs a dict (`'api_key': '...'`), v0.5.6 a repr (`api_key='...'`).
+    assert re.search(r"api_key'?(=|: )'\*\*\*'", tail) and key not in text
     stopped = stop_servers(report)
     assert stopped.left_behind == [] and "not-running" in stopped.stopped[0]
 
@@ -206,7 +208,7 @@ def test_deadline_failure_carries_the_log_tail(make_settings: SettingsFactory) -
         sensor_for(target, deferrable=False).execute({})
     text = str(err.value)
     assert "not healthy after" in text and "`launch_timeout_s`" in text
-    assert "server_args=ServerArgs(" in text  # the first line of the server's own log
+    assert "server_args=" in text  # the first line of the server's own log
     assert stop_servers(report).left_behind == []
 
 

@@ -30,7 +30,7 @@ def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) ->
                           error="Unauthorized")
     run._handle(result, run.pool.servers[0], item, 1)
     journal.close()
-    assert run.fatal and "api_key" in run.fatal
+    assert run.fatal and "REGEN_SGLANG_CONN_ID" in run.fatal
     assert FileJournal(tmp_path / "j.jsonl").load() == {}
     assert list(run.pending) == [item] and item.charged == 0
 

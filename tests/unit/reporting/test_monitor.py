@@ -258,3 +258,35 @@ def test_journal_cache_is_bounded_in_records(tmp_path) -> None:
     small = RunMonitor(LocalStore(tmp_path), max_journal_records=1)
     state = small.run_state("one", probe=False)
     assert state["locations"][0]["rows"]["completed"] == 6 and small._parts.currsize == 0
+
+
+def test_a_server_answering_health_after_sglangs_one_second_sleep_is_shown_healthy(
+    tmp_path,
+) -> None:
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class SlowHealth(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # like SGLang's /health: sleep 1 s, then look, then answer
+            time.sleep(1.2)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowHealth)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        # Asked for the old 1 s timeout, the probe still waits past SGLang's sleep.
+        monitor = RunMonitor(LocalStore(tmp_path), probe_timeout_s=1.0)
+        now = time.time()
+        (shown,) = monitor._servers({url: now}, now, probe=True)
+        assert shown["health"] == "healthy"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -12,6 +12,7 @@ from include.servers.decisions import (
     ModelsProbe,
     ServerStatus,
     launch_step,
+    loading_outcome,
     refused_outcome,
     replace_blocked,
     reused_outcome,
@@ -19,9 +20,8 @@ from include.servers.decisions import (
     started_outcome,
     stop_verdict,
     stopped_meanwhile,
-    unresponsive_outcome,
 )
-from include.servers.report import ServerOutcome
+from include.servers.report import LaunchReport, ServerOutcome
 
 EXPECTED = ModelExpectation("qwen", 32768)
 SPEC = ServerSpec("gpu-a", 1, 30001, "ssh_gpu", "/tmp/sglang-regen", None)
@@ -46,12 +46,12 @@ def step(probe: ModelsProbe, alive: bool, **kw: Any) -> tuple[str, list[str]]:
 
 
 # --- launching ----------------------------------------------------------------------------
-def test_a_closed_port_gets_a_server_unless_our_process_is_still_starting() -> None:
+def test_a_closed_port_gets_a_server_unless_a_live_process_is_loading_its_model() -> None:
     assert step(SILENT, alive=False) == ("start", [])
-    assert step(SILENT, alive=True) == ("wait", [])
-    assert step(SILENT, alive=True, waited=True) == ("unresponsive", [])
-    # The process died while we waited: start one.
-    assert step(SILENT, alive=False, waited=True) == ("start", [])
+    # SGLang binds its port only once the model is loaded: a live process is loading, and
+    # another would only fail to bind. Not a failure, whatever replacing allows.
+    assert step(SILENT, alive=True) == ("loading", [])
+    assert step(SILENT, alive=True, replace_mismatched=True) == ("loading", [])
 
 
 def test_a_server_answering_with_the_runs_settings_is_reused_whatever_its_pid_file_says() -> None:
@@ -82,11 +82,25 @@ def test_the_pid_lease_and_owner_line_is_parsed_with_an_owner_holding_spaces() -
     assert ServerStatus.parse("pid= alive=0 leases=x owner=") == ServerStatus(None, False, "", 0)
 
 
-def test_an_unresponsive_process_is_a_failure_naming_its_pid_file_and_log() -> None:
-    out = unresponsive_outcome(SPEC, ALIVE, True, 30.0, "tail line")
-    assert (out.action, out.started_by_this_run, out.pid) == ("failed", True, 4242)
-    assert SPEC.paths.pid_file in out.detail and SPEC.paths.log_file in out.detail
-    assert "not answered for 30 s" in out.detail and out.detail.endswith("tail line")
+def test_a_loading_server_serves_the_run_under_its_lease_and_is_no_problem() -> None:
+    theirs = loading_outcome(SPEC, "dag/run 2", False, ALIVE, ServerStatus(4242, True, "x", 2))
+    assert (theirs.action, theirs.pid, theirs.leased, theirs.started_by_this_run) == (
+        "loading", 4242, True, False)
+    assert SPEC.paths.pid_file in theirs.detail and "health gate waits" in theirs.detail
+    assert "started by dag/run 1" in theirs.detail and theirs.detail.endswith("leases now: 2")
+    # A retried launch of the run that started it keeps owning it: teardown stops it.
+    ours = loading_outcome(SPEC, "dag/run 1", True, ALIVE, ALIVE)
+    assert ours.started_by_this_run and ours.leased and run_holds(ours)
+    assert "started earlier by this run (dag/run 1)" in ours.detail
+    assert not loading_outcome(SPEC, None, False, ALIVE).leased
+    report = LaunchReport([theirs], EXPECTED, 1800.0, "dag/run 2")
+    assert report.urls == [SPEC.url] and report.problems == []
+    assert [t["server"]["port"] for t in report.health_targets()] == [SPEC.port]
+    assert LaunchReport.from_dict(report.to_dict()) == report
+    # Its teardown releases the lease: the last one stops it, as for a reused server.
+    assert stop_verdict(theirs) is None
+    kept = stop_verdict(theirs, {"outcome": "kept", "leases": "1", "holders": "dag/run 1"})
+    assert kept is not None and kept[0] == "kept"
 
 
 def test_a_refused_mismatch_says_how_to_replace_it() -> None:
