@@ -61,10 +61,13 @@ async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0
         status, stdout, stderr = proc.returncode, out.decode(errors="replace"), err.decode()
     else:
         from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+        from airflow.sdk import BaseHook
 
-        from include.servers.hosts import explain_ssh_error
+        from include.servers.hosts import check_host_key_pinned, explain_ssh_error
 
         label = f"host {spec.host} (SSH connection `{spec.ssh_conn_id}`)"
+        conn = await BaseHook.aget_connection(spec.ssh_conn_id)
+        check_host_key_pinned(spec.ssh_conn_id, await conn.aextra_dejson())
         try:
             hook = SSHHookAsync(ssh_conn_id=spec.ssh_conn_id)
             status, stdout, stderr = await asyncio.wait_for(

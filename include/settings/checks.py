@@ -1,9 +1,11 @@
 """``check_settings``: every mistake that can be known before any work, found in seconds.
 
-It reads (never writes): the run's conf against the deployment, the output location against
-the protected prefixes, the sources and ``dedupe_against`` locations, the tokenizer, the
-prompt shards an earlier run prepared (for ``shard_range`` and reuse), and whether servers on
-a non-loopback host would get an API key. Every problem found is reported at once, each
+It reads: the run's conf against the deployment, the output location against the protected
+prefixes, the sources and ``dedupe_against`` locations, the tokenizer, the prompt shards an
+earlier run prepared (for ``shard_range`` and reuse), whether servers on a non-loopback host
+would get an API key, and whether each GPU host's SSH connection pins the host's key. The only
+write is the create-only probe of an S3 output root (``include.storage.probe``), once per root
+and endpoint. Every problem found is reported at once, each
 naming the setting, the value and what is accepted; nothing is prepared, launched or written.
 """
 
@@ -140,6 +142,45 @@ def _suggest_name(model_path: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in tail)[:200] or "model"
 
 
+def _check_store_create_only(run: RunSettings) -> None:
+    """Refuse an output store that overwrites existing keys (it ignores If-None-Match)."""
+    from include.storage import StoreError, open_store
+    from include.storage.probe import prove_create_only
+
+    root = run.deployment.output_root
+    if not root.startswith("s3://"):
+        return  # a local directory is create-only by construction (O_EXCL)
+    try:
+        store = open_store(root, s3_conn_id=run.deployment.s3_conn_id,
+                           protected_prefixes=run.deployment.protected_prefixes)
+        how = prove_create_only(store)
+    except StoreError as exc:
+        raise SettingsError(f"deployment setting `output_root` ({env_name('output_root')} = "
+                            f"{root!r}): {exc}") from None
+    log.info("output root %s is create-only (%s)", root, how)
+
+
+def _check_host_keys(run: RunSettings) -> None:
+    """Refuse a GPU host whose SSH connection does not pin the host's key."""
+    from include.servers.hosts import host_key_problems
+
+    problems = []
+    for i, host in enumerate(run.deployment.gpu_hosts):
+        if not host.ssh_conn_id:
+            continue
+        try:
+            from airflow.sdk import BaseHook
+
+            extra = BaseHook.get_connection(host.ssh_conn_id).extra_dejson
+        except Exception as exc:  # noqa: BLE001 - not found, or a broken secrets backend
+            problems.append(f"deployment setting `gpu_hosts[{i}]` ({host.host}): cannot read "
+                            f"SSH connection `{host.ssh_conn_id}` ({exc}); define it")
+            continue
+        problems += [f"deployment setting `gpu_hosts[{i}]` ({host.host}): {p}"
+                     for p in host_key_problems(host.ssh_conn_id, extra)]
+    raise_all(problems)
+
+
 def _check_api_key(run: RunSettings) -> None:
     from include.servers.checks import key_problems
 
@@ -175,6 +216,9 @@ def check_settings(params: Mapping[str, Any] | None,
     problems += _problem(lambda: _check_served_name(run))
     problems += _problem(lambda: _check_api_key(run))
     problems += _problem(lambda: _check_tokenizer(run))
+    problems += _problem(lambda: _check_host_keys(run))
+    if not problems:  # a valid output root: prove it create-only before anything writes
+        problems += _problem(lambda: _check_store_create_only(run))
     if not problems:  # the run's location is valid: look at what an earlier run left there
         problems += _problem(lambda: _check_earlier_shards(run))
     raise_all(problems)

@@ -55,3 +55,21 @@ def test_a_local_directory_is_create_only_by_construction(tmp_path) -> None:
     from include.storage import LocalStore
 
     assert prove_create_only(LocalStore(tmp_path)) == "create-only by construction"
+
+
+def test_check_settings_probes_an_s3_output_root_once(s3_bucket: Bucket, tmp_path) -> None:
+    from include.settings.checks import check_settings
+    from tests.fixtures.settings import deployment_settings
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "p.jsonl").write_text('{"query": "hi", "answer": "x", "resource": "r"}\n')
+    dep = deployment_settings(output_root=f"{s3_bucket.uri}/runs",
+                              s3_conn_id=s3_bucket.endpoint.conn_id,
+                              allowed_models=["Qwen/Qwen3.6-27B"], data_roots=[str(data)])
+    conf = {"sources": [{"name": "mine", "path": str(data / "p.jsonl")}]}
+    check_settings(conf, dep)
+    check_settings(conf, dep)
+    store = S3Store(f"{s3_bucket.uri}/runs", client=s3_bucket.endpoint.client())
+    keys = store.list(PROBE_FOLDER)
+    assert len(keys) == 2 and sum("/proven-" in k for k in keys) == 1  # one probe, one marker

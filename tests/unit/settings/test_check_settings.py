@@ -87,7 +87,31 @@ def test_an_output_location_under_a_protected_prefix_is_refused(tmp_path, data) 
     assert not (tmp_path / "completions").exists()
 
 
-def test_remote_gpu_hosts_need_an_api_key(tmp_path, data) -> None:
+def _ssh_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, **extra: object) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
+        {"conn_type": "ssh", "host": "gpu-box.internal", "login": "u", "extra": extra}))
+
+
+PINNED = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA"
+
+
+def test_gpu_host_connections_must_pin_the_host_key(tmp_path, data, monkeypatch) -> None:
+    hosts = [{"host": "gpu-box.internal", "ssh_conn_id": "gpu", "gpus": [0]},
+             {"host": "gpu-two.internal", "ssh_conn_id": "gpu_open", "gpus": [0]},
+             {"host": "gpu-three.internal", "ssh_conn_id": "gpu_missing", "gpus": [0]}]
+    _ssh_connection(monkeypatch, "gpu", host_key=PINNED)
+    _ssh_connection(monkeypatch, "gpu_open", host_key=PINNED, no_host_key_check=True)
+    conf = {"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]}
+    with pytest.raises(SettingsError) as err:
+        check_settings(conf, _deployment(tmp_path, data, gpu_hosts=hosts, api_key="k-12345"))
+    text = str(err.value)
+    assert "`gpu_hosts[1]` (gpu-two.internal)" in text and "`no_host_key_check`" in text
+    assert "`gpu_hosts[2]` (gpu-three.internal)" in text and "`gpu_missing`" in text
+    assert "gpu_hosts[0]" not in text
+
+
+def test_remote_gpu_hosts_need_an_api_key(tmp_path, data, monkeypatch) -> None:
+    _ssh_connection(monkeypatch, "gpu", host_key=PINNED)
     hosts = [{"host": "gpu-box.internal", "ssh_conn_id": "gpu", "gpus": [0]}]
     conf = {"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]}
     with pytest.raises(SettingsError, match="gpu-box.internal"):
