@@ -184,7 +184,8 @@ def load_existing_keys(settings: RunSettings) -> KeySet:
             )
         before = len(keys)
         for name in names:
-            for lineno, line in enumerate(store.read(name).splitlines(), 1):
+            # Streamed: a dedupe set may be many gigabytes; only its 16-byte keys are kept.
+            for lineno, line in enumerate(store.iter_lines(name), 1):
                 if not line.strip():
                     continue
                 messages = _existing_messages(location, name, lineno, line)

@@ -139,6 +139,18 @@ class DeploymentSettings(BaseSettings):
         description="Local directories that local source, tokenizer and dedupe paths of a run "
         "must be inside.",
     )
+    allowed_hub_datasets: list[str] = Field(
+        [], description="Hub datasets a new source may name as hub_id ('org/name', or "
+        "'org/name@revision' to pin the revision); empty: any 'org/name' id.",
+    )
+    allowed_tokenizers: list[str] = Field(
+        [], description="Hub ids a run may choose as tokenizer_path besides the allowed models "
+        "(a local tokenizer_path must be inside a data root).",
+    )
+    dedupe_roots: list[str] = Field(
+        [], description="s3:// locations that dedupe_against sets of a run must lie under "
+        "(local ones must be inside a data root); empty: no s3:// dedupe set.",
+    )
     source_catalogue: dict[str, SourceSettings] = Field(
         default_factory=bundled_catalogue,
         description="Sources a run may choose by name (object of name -> source).",

@@ -9,6 +9,7 @@ from ``RunSettings.from_mapping`` and passes the class in, so this module needs 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -51,6 +52,48 @@ def _is_local_path(location: str) -> bool:
     return location.startswith(("/", ".", "~")) or os.path.exists(location)
 
 
+#: A Hugging Face hub id: exactly ``org/name``. Anything else (``/dir``, ``a/b/c``, ``..``)
+#: is a path to ``datasets.load_dataset`` and ``from_pretrained``, which read it locally.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.\-]{0,95}$")
+
+
+def hub_id_problem(value: str, what: str) -> str | None:
+    """Return why ``value`` cannot be read from the hub as ``what``, or None.
+
+    It must be ``org/name`` and must not name something on this machine: ``load_dataset`` and
+    ``from_pretrained`` load a local directory of that name (relative to the worker's current
+    directory) before they look at the hub.
+    """
+    if not HUB_ID.match(value) or ".." in value:
+        return (f"{what}: got {value!r}; accepted: a hub id 'org/name' (a local path goes in "
+                "`path`, inside a data root)")
+    if os.path.lexists(value) or os.path.lexists(os.path.expanduser(value)):
+        return (f"{what}: {value!r} names a local file or directory of this worker, which would "
+                "be read instead of the hub dataset; give a local path in `path` (inside a "
+                "data root) or a hub id that names nothing here")
+    return None
+
+
+def _pin_hub_source(i: int, src: SourceSettings, d: DeploymentSettings
+                    ) -> tuple[SourceSettings | None, str | None]:
+    """Check a new hub source against the deployment's allow-list; fill a pinned revision."""
+    problem = hub_id_problem(src.hub_id or "", f"setting `sources[{i}].hub_id`")
+    if problem:
+        return None, problem
+    if not d.allowed_hub_datasets:
+        return src, None
+    allowed = {e.partition("@")[0]: e.partition("@")[2] or None for e in d.allowed_hub_datasets}
+    if src.hub_id not in allowed:
+        return None, (f"setting `sources[{i}].hub_id`: got {src.hub_id!r}; accepted: one of the "
+                      f"deployment's allowed hub datasets {sorted(allowed)} (environment "
+                      f"variable {env_name('allowed_hub_datasets')})")
+    pinned = allowed[src.hub_id]
+    if pinned and src.revision not in (None, pinned):
+        return None, (f"setting `sources[{i}].revision`: got {src.revision!r}; the deployment "
+                      f"pins {src.hub_id} at {pinned!r}")
+    return (src.model_copy(update={"revision": pinned}) if pinned else src), None
+
+
 def _resolve_sources(
     run: Any, d: DeploymentSettings
 ) -> tuple[list[SourceSettings], list[str]]:
@@ -84,8 +127,14 @@ def _resolve_sources(
         elif src.path and not inside_data_roots(os.path.expanduser(src.path), d.data_roots):
             problems.append(f"setting `sources[{i}].path`: got {src.path!r}; accepted: a path "
                             f"inside the deployment's data roots {roots}")
-        else:
+        elif src.path:
             out.append(src)
+        else:
+            pinned, problem = _pin_hub_source(i, src, d)
+            if problem:
+                problems.append(problem)
+            else:
+                out.append(pinned)
     return out, problems
 
 
@@ -97,10 +146,8 @@ def _check_against_deployment(run: Any, d: DeploymentSettings) -> list[str]:
             f"allowed models {d.allowed_models}{did_you_mean(run.model_path, d.allowed_models)} "
             f"(environment variable {env_name('allowed_models')})")
     roots = f"{d.data_roots} (environment variable {env_name('data_roots')})"
-    if run.tokenizer_path and _is_local_path(run.tokenizer_path) and not inside_data_roots(
-            os.path.expanduser(run.tokenizer_path), d.data_roots):
-        problems.append(f"setting `tokenizer_path`: got {run.tokenizer_path!r}; accepted: a hub "
-                        f"id, or a local path inside the deployment's data roots {roots}")
+    if run.tokenizer_path:
+        problems += _tokenizer_problems(run.tokenizer_path, d, roots)
     from include.storage.errors import StoreError
     from include.storage.locations import parse_location
 
@@ -112,11 +159,38 @@ def _check_against_deployment(run: Any, d: DeploymentSettings) -> list[str]:
                             "data roots")
             continue
         if loc.scheme == "s3":
-            continue
-        if not inside_data_roots(str(loc), d.data_roots):
-            problems.append(f"setting `dedupe_against[{i}]`: got {location!r}; accepted: an "
-                            f"s3:// location or a local path inside the data roots {roots}")
+            if not any(_under(loc, parse_location(r)) for r in d.dedupe_roots):
+                problems.append(
+                    f"setting `dedupe_against[{i}]`: got {location!r}; accepted: a location "
+                    f"under the deployment's dedupe roots {d.dedupe_roots} (environment "
+                    f"variable {env_name('dedupe_roots')}), or a local path inside the data "
+                    f"roots {roots}")
+        elif not inside_data_roots(str(loc), d.data_roots):
+            problems.append(f"setting `dedupe_against[{i}]`: got {location!r}; accepted: a "
+                            f"local path inside the data roots {roots}, or an s3:// location "
+                            f"under the dedupe roots {d.dedupe_roots}")
     return problems
+
+
+def _under(loc: Any, root: Any) -> bool:
+    return (loc.scheme, loc.bucket) == (root.scheme, root.bucket) and (
+        loc.segments[: len(root.segments)] == root.segments)
+
+
+def _tokenizer_problems(value: str, d: DeploymentSettings, roots: str) -> list[str]:
+    """A local tokenizer inside a data root, or a hub id the deployment allows."""
+    if _is_local_path(value) or not HUB_ID.match(value):
+        if inside_data_roots(os.path.expanduser(value), d.data_roots):
+            return []
+        return [f"setting `tokenizer_path`: got {value!r}; accepted: a local path inside the "
+                f"deployment's data roots {roots}, or a hub id among the allowed models and "
+                "tokenizers"]
+    allowed = [*d.allowed_models, *d.allowed_tokenizers]
+    if value in allowed:
+        return []
+    return [f"setting `tokenizer_path`: got {value!r}; accepted: one of {allowed} (environment "
+            f"variables {env_name('allowed_models')}, {env_name('allowed_tokenizers')}), or a "
+            f"local path inside the data roots {roots}"]
 
 
 def resolve_run(settings_class: type[Run], values: Mapping[str, Any] | None,

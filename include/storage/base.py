@@ -7,7 +7,12 @@ implementations share them without importing each other.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Protocol
+
+#: The longest line ``iter_lines`` yields: a longer one is not a prompt record, and reading
+#: it whole would hold an unbounded object in memory.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 def sha256_hex(data: bytes) -> str:
@@ -39,6 +44,26 @@ class Store(Protocol):
         """Return whether ``key`` exists."""
         ...
 
+    def iter_lines(self, key: str) -> Iterator[bytes]:
+        """Yield the lines of ``key`` one at a time (memory bounded by ``MAX_LINE_BYTES``)."""
+        ...
+
     def list(self, prefix: str) -> list[str]:
         """Return every key under ``prefix``, sorted."""
         ...
+
+
+def split_lines(chunks: Iterator[bytes], where: str) -> Iterator[bytes]:
+    """Yield the lines of a byte stream read in chunks; StoreError on an over-long line."""
+    from include.storage.errors import StoreError
+
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
+            raise StoreError(f"{where}: a line longer than {MAX_LINE_BYTES} bytes; not a "
+                             "JSON-lines file of records")
+        yield from lines
+    if pending:
+        yield pending

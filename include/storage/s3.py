@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from include.storage.base import split_lines
 from include.storage.errors import ObjectExistsError, StoreError
 from include.storage.locations import check_write, parse_location
 from include.storage.s3_errors import (
@@ -152,6 +153,16 @@ class S3Store:
             raise self._error(exc, "reading", key) from exc
         except Exception as exc:
             raise self._error(exc, "reading", key) from exc
+
+    def iter_lines(self, key: str) -> Iterator[bytes]:
+        """Yield the object's lines as it streams in (never the whole object in memory)."""
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except Exception as exc:
+            if error_code(exc) in NOT_FOUND_CODES:
+                raise FileNotFoundError(self.uri(key)) from None
+            raise self._error(exc, "reading", key) from exc
+        yield from split_lines(iter(lambda: body.read(_READ_CHUNK), b""), self.uri(key))
 
     def _head(self, key: str) -> dict[str, Any] | None:
         from botocore.exceptions import ClientError

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from include.storage.base import Store
+from include.storage.base import Store, split_lines
 from include.storage.errors import ObjectExistsError, StoreError
 from include.storage.locations import (
     DEFAULT_PROTECTED_PREFIXES,
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from include.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
+#: How much of a local file ``iter_lines`` reads at a time.
+_CHUNK = 8 * 1024 * 1024
 
 
 class LocalStore:
@@ -77,6 +79,11 @@ class LocalStore:
 
     def read(self, key: str) -> bytes:
         return self._path(key).read_bytes()
+
+    def iter_lines(self, key: str) -> Iterator[bytes]:
+        path = self._path(key)
+        with open(path, "rb") as fh:
+            yield from split_lines(iter(lambda: fh.read(_CHUNK), b""), str(path))
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
@@ -199,6 +206,9 @@ class ReadOnlyStore:
 
     def read(self, key: str) -> bytes:
         return self.inner.read(key)
+
+    def iter_lines(self, key: str) -> Iterator[bytes]:
+        return self.inner.iter_lines(key)
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)

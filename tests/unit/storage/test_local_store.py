@@ -45,3 +45,16 @@ def test_concurrent_writers_of_one_key_exactly_one_wins(tmp_path) -> None:
     assert outcomes.count("won") == 1 and outcomes.count("refused") == 7
     assert store.read("k").startswith(b"writer-")
     assert [p.name for p in tmp_path.iterdir()] == ["k"]  # no temp files left behind
+
+
+def test_iter_lines_streams_and_bounds_a_line(tmp_path, monkeypatch) -> None:
+    import include.storage.base as base
+    from include.storage import LocalStore, StoreError
+
+    store = LocalStore(tmp_path)
+    store.write_new("a.jsonl", b"one\ntwo\n\nthree")
+    assert list(store.iter_lines("a.jsonl")) == [b"one", b"two", b"", b"three"]
+    monkeypatch.setattr(base, "MAX_LINE_BYTES", 8)
+    store.write_new("b.jsonl", b"short\n" + b"x" * 20 + b"\n")
+    with pytest.raises(StoreError, match="a line longer than 8 bytes"):
+        list(store.iter_lines("b.jsonl"))
