@@ -1,6 +1,6 @@
 """Print the settings reference (Markdown tables) from the settings' own metadata.
 
-``python -m scripts.settings_reference --write README.md`` replaces the block between the
+``python -m scripts.settings_reference --write docs/settings.md`` replaces the block between the
 ``settings-reference`` markers, so the docs cannot drift from ``include/settings/``.
 """
 

@@ -6,7 +6,7 @@ protected prefixes, the data roots local sources may come from, the source catal
 servers' API key connection. They come from environment variables named ``REGEN_<SETTING>``
 (upper case; lists and objects as JSON) in the environment of every Airflow component that
 runs tasks, read when a task runs (never when the DAG file is parsed). ``.env.example`` and
-README.md ("Deployment settings") list them; ``docker-compose.yaml`` sets them once for every
+docs/settings.md ("Deployment settings") list them; ``docker-compose.yaml`` sets them once for every
 service.
 """
 

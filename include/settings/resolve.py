@@ -43,7 +43,7 @@ def _refuse_foreign_keys(
                             "remove it from the run's conf")
         else:
             problems.append(f"unknown setting `{key}`{did_you_mean(key, run_fields)}; the run "
-                            "settings are listed in README.md (Settings reference)")
+                            "settings are listed in docs/settings.md")
         values.pop(key)
     return problems
 

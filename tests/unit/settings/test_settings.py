@@ -217,9 +217,9 @@ def test_the_form_refuses_what_the_model_refuses(name, bad) -> None:
 def test_readme_settings_reference_matches_the_settings() -> None:
     from scripts.settings_reference import END, START, reference
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "settings.md").read_text()
     block = readme.split(START, 1)[1].split(END, 1)[0]
     assert block.strip() == reference().strip(), (
-        "README settings table is stale: run python -m scripts.settings_reference --write "
-        "README.md"
+        "docs/settings.md is stale: run python -m scripts.settings_reference --write "
+        "docs/settings.md"
     )
