@@ -20,8 +20,9 @@ import yaml
 
 from sglang_standin import perf
 
-SglangVersion = Literal["v0.5.6", "head"]
-VERSIONS: tuple[str, ...] = ("v0.5.6", "head")
+SglangVersion = Literal["v0.5.23", "v0.5.6"]
+VERSIONS: tuple[str, ...] = ("v0.5.23", "v0.5.6")
+DEFAULT_VERSION: SglangVersion = "v0.5.23"
 DEFAULT_CONTEXT_LENGTH = 32768
 DEFAULT_PORT = 30000
 
@@ -45,11 +46,13 @@ class ServerConfig:
     enable_metrics: bool = False
     max_running_requests: int | None = None
     max_queued_requests: int | None = None
+    enable_cache_report: bool = False
+    disable_radix_cache: bool = False
     # Stand-in only.
     seed: int = 0
     warmup_seconds: float = 0.5
     default_context_length: int = DEFAULT_CONTEXT_LENGTH
-    version: SglangVersion = "v0.5.6"
+    version: SglangVersion = DEFAULT_VERSION
     length_check: SglangVersion | None = None
     time_scale: float = 1.0
     decode_base_ms: float = perf.DEFAULT_DECODE_BASE_S * 1000
@@ -67,6 +70,8 @@ class ServerConfig:
     error_rate: float = 0.0
     drop_rate: float = 0.0
     slow_warmup_seconds: float = 0.0
+    load_seconds: float = 0.0
+    noncanonical_rate: float = 0.0
     ignored_args: list[str] = field(default_factory=list)
 
     @property
@@ -151,6 +156,8 @@ _SGLANG_FIELDS = (
     "enable_metrics",
     "max_running_requests",
     "max_queued_requests",
+    "enable_cache_report",
+    "disable_radix_cache",
 )
 
 
@@ -192,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--enable-metrics", action="store_true")
     g.add_argument("--max-running-requests", type=int, default=None)
     g.add_argument("--max-queued-requests", type=int, default=None)
+    g.add_argument("--enable-cache-report", action="store_true",
+                   help="report prompt tokens served from the radix cache in usage")
+    g.add_argument("--disable-radix-cache", action="store_true")
 
     s = p.add_argument_group("stand-in only")
     s.add_argument("--standin-seed", type=int, default=0)
@@ -210,14 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--standin-version",
         choices=VERSIONS,
-        default="v0.5.6",
+        default=DEFAULT_VERSION,
         help="SGLang release whose behaviour to copy where releases differ",
     )
     s.add_argument(
         "--standin-length-check",
         choices=VERSIONS,
         default=None,
-        help="v0.5.6 rejects P+M >= C, head rejects P+M > C (default: --standin-version)",
+        help="v0.5.23 rejects P+M > C, v0.5.6 P+M >= C (default: --standin-version)",
     )
     s.add_argument(
         "--standin-time-scale",
@@ -287,6 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="fault: extra warm-up time on top of --standin-warmup-seconds",
+    )
+    s.add_argument(
+        "--standin-load-seconds",
+        type=float,
+        default=0.0,
+        help="time spent 'loading the model' with the port closed, before the warm-up",
+    )
+    s.add_argument(
+        "--standin-noncanonical-rate",
+        type=_rate,
+        default=0.0,
+        help="share of words sampled as a non-canonical token split (same text, other ids)",
     )
     return p
 

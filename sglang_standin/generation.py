@@ -6,7 +6,10 @@ bundled list. `max_tokens` only cuts, so a capped completion is a prefix of the 
 
 Units are chosen so that each is whole pre-tokens under Qwen's split pattern (" word",
 "," + " word", "." + " Word", ".\\n\\n" + "Word"), hence encode(decode(ids)) == ids and
-completion_tokens is the count the tokenizer itself would give the text.
+completion_tokens is the count the tokenizer itself would give the text. A real model may
+sample a word as a non-canonical split (" hel" + "lo" where the tokenizer says " hello"): the
+same text, other ids. `noncanonical_rate` makes the stand-in do that for a share of its words,
+drawn from a second RNG stream, so the words stay what they are at rate 0.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import hashlib
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,10 @@ THINK_END = "</think>"
 EOS = "<|im_end|>"
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 
+# Word forms: " word", "Word" (after a line break), " Word" (after a period).
+_PLAIN, _CAP, _SPACE_CAP = 0, 1, 2
+_ALT_STREAM = 0x6E6F_6E63_616E  # salt of the RNG stream that picks non-canonical splits
+
 # Per-unit probabilities of punctuation; the rest are plain " word" units.
 _P_PARAGRAPH = 0.02
 _P_SENTENCE = 0.07
@@ -33,7 +41,12 @@ _P_COMMA = 0.06
 
 @dataclass(frozen=True)
 class Completion:
-    """Hold one completion: token ids as generated, text, and why it ended."""
+    """Hold one completion: token ids as sampled, default text, and why it ended.
+
+    `ids` include the matched stop token when `finish` is "stop" (SGLang's
+    `output_ids_through_stop`); `text` is what SGLang answers with default
+    `skip_special_tokens` (see `detokenize`).
+    """
 
     ids: list[int]
     text: str
@@ -62,20 +75,36 @@ class CompletionWriter:
     decodes once, so it costs O(output length) Python steps and no tokenization.
     """
 
-    def __init__(self, tokenizer: Any, seed: int = 0, lengths: LengthModel | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        seed: int = 0,
+        lengths: LengthModel | None = None,
+        noncanonical_rate: float = 0.0,
+    ) -> None:
         self.tokenizer = tokenizer
         self.seed = seed
         self.lengths = lengths or LengthModel()
+        self.noncanonical_rate = noncanonical_rate
 
         def enc(text: str) -> list[int]:
             return list(tokenizer.encode(text, add_special_tokens=False))
 
-        self._word = [enc(" " + w) for w in WORDS]
-        self._cap_word = [enc(w.capitalize()) for w in WORDS]
-        self._space_cap_word = [enc(" " + w.capitalize()) for w in WORDS]
-        self._single = [ids for ids in self._word if len(ids) == 1]
-        if not self._single:
+        texts = (
+            [" " + w for w in WORDS],
+            [w.capitalize() for w in WORDS],
+            [" " + w.capitalize() for w in WORDS],
+        )
+        self._forms = [[enc(t) for t in form] for form in texts]
+        self._word = self._forms[_PLAIN]
+        self._cap_word = self._forms[_CAP]
+        self._single_idx = [i for i, ids in enumerate(self._word) if len(ids) == 1]
+        if not self._single_idx:
             raise ValueError("tokenizer encodes no bundled word as a single token")
+        # Built only when used: it encodes every cut of every word.
+        self.splits = (
+            noncanonical_splits(tokenizer, texts, self._forms) if noncanonical_rate > 0 else None
+        )
         self._comma = enc(",")
         self._period = enc(".")
         self._paragraph = enc(".\n\n")
@@ -91,8 +120,14 @@ class CompletionWriter:
         return self.think_start_id is not None and prompt.endswith(GENERATION_PROMPT)
 
     def write(self, prompt: str, sampling: dict[str, Any], limit: int | None) -> Completion:
-        """Return the completion for `prompt`; `limit` caps generated tokens (None: no cap)."""
-        rng = random.Random(_digest(self.seed, prompt, sampling))
+        """Return the completion for `prompt`; `limit` caps generated tokens (None: no cap).
+
+        Length budgets count canonical tokens and the cap counts the ids emitted, so a
+        non-canonical split lengthens the ids but never changes the words.
+        """
+        digest = _digest(self.seed, prompt, sampling)
+        rng = random.Random(digest)
+        alt = random.Random(digest ^ _ALT_STREAM) if self.splits is not None else None
         natural = self._natural_length(rng)
         thinking = self.thinks(prompt)
         if thinking:
@@ -104,21 +139,21 @@ class CompletionWriter:
             content_len = max(2, natural)
         stop_at = limit if limit is not None else math.inf
         ids: list[int] = []
+        canon = 0
         if thinking:
             assert self.think_start_id is not None and self.think_end_id is not None
             ids.append(self.think_start_id)
             ids += self._newline
-            self._segment(rng, ids, reasoning_len, stop_at, closing=[])
-            ids += self._newline
-            ids.append(self.think_end_id)
-            ids += self._blank
-        self._segment(rng, ids, content_len, stop_at, closing=self._period)
+            canon = self._segment(rng, alt, ids, len(ids), reasoning_len, stop_at, closing=[])
+            tail = [*self._newline, self.think_end_id, *self._blank]
+            ids += tail
+            canon += len(tail)
+        self._segment(rng, alt, ids, canon, content_len, stop_at, closing=self._period)
         ids.append(self.eos_id)
         if len(ids) > stop_at:
             cut = ids[: int(stop_at)]
-            text = self.tokenizer.decode(cut, skip_special_tokens=True)
-            return Completion(cut, text, "length", None, thinking)
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            return Completion(cut, detokenize(self.tokenizer, cut, None), "length", None, thinking)
+        text = detokenize(self.tokenizer, ids, self.eos_id)
         return Completion(ids, text, "stop", self.eos_id, thinking)
 
     def _natural_length(self, rng: random.Random) -> int:
@@ -129,52 +164,110 @@ class CompletionWriter:
     def _segment(
         self,
         rng: random.Random,
+        alt: random.Random | None,
         ids: list[int],
+        canon: int,
         length: int,
         stop_at: float,
         closing: list[int],
-    ) -> None:
-        """Append about `length` tokens of prose, stopping early once `stop_at` ids exist.
+    ) -> int:
+        """Append about `length` canonical tokens of prose to `ids` (whose canonical length is
+        `canon`); return the new canonical length. Stops early once `stop_at` ids exist.
 
         Every unit ends in a word, so whatever follows (newline, special token) starts a new
         pre-token; `closing` (a final period) is appended only when it fits.
         """
-        end = len(ids) + length
+        end = canon + length
         budget_end = end - len(closing)
         n_words = len(self._word)
-        first = self._cap_word[rng.randrange(n_words)]
-        ids += first if len(ids) + len(first) <= budget_end else rng.choice(self._single)
-        while len(ids) < budget_end and len(ids) < stop_at:
+        i = rng.randrange(n_words)
+        if canon + len(self._cap_word[i]) <= budget_end:
+            canon = self._put(ids, canon, [], _CAP, i, alt)
+        else:
+            canon = self._put(ids, canon, [], _PLAIN, rng.choice(self._single_idx), alt)
+        while canon < budget_end and len(ids) < stop_at:
             r = rng.random()
             i = rng.randrange(n_words)
             if r < _P_PARAGRAPH:
-                unit = self._paragraph + self._cap_word[i]
+                prefix, form = self._paragraph, _CAP
             elif r < _P_PARAGRAPH + _P_SENTENCE:
-                unit = self._period + self._space_cap_word[i]
+                prefix, form = self._period, _SPACE_CAP
             elif r < _P_PARAGRAPH + _P_SENTENCE + _P_COMMA:
-                unit = self._comma + self._word[i]
+                prefix, form = self._comma, _PLAIN
             else:
-                unit = self._word[i]
-            if len(ids) + len(unit) > budget_end:
-                unit = self._single[i % len(self._single)]
-            ids += unit
-        if len(ids) + len(closing) <= end:
+                prefix, form = [], _PLAIN
+            if canon + len(prefix) + len(self._forms[form][i]) > budget_end:
+                prefix, form, i = [], _PLAIN, self._single_idx[i % len(self._single_idx)]
+            canon = self._put(ids, canon, prefix, form, i, alt)
+        if canon + len(closing) <= end:
             ids += closing
+            canon += len(closing)
+        return canon
+
+    def _put(
+        self,
+        ids: list[int],
+        canon: int,
+        prefix: list[int],
+        form: int,
+        i: int,
+        alt: random.Random | None,
+    ) -> int:
+        word = self._forms[form][i]
+        ids += prefix
+        # One draw per word, split or not: which words are split must not depend on the vocab.
+        if alt is not None and alt.random() < self.noncanonical_rate:
+            assert self.splits is not None
+            ids += self.splits[form][i] or word
+        else:
+            ids += word
+        return canon + len(prefix) + len(word)
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Split raw output like SGLang's qwen3 reasoning parser; return (reasoning, content).
+def noncanonical_splits(
+    tokenizer: Any, texts: Sequence[Sequence[str]], canonical: Sequence[Sequence[list[int]]]
+) -> list[list[list[int] | None]]:
+    """Return, per word form and word, real token ids that spell the word but are not what
+    the tokenizer encodes it to; None where no cut into two pieces gives such ids.
 
-    No `<think>` in the text: (None, text). Cut before `</think>`: (everything, ""). The caller
-    maps "" to null where the emulated release does.
+    A candidate cuts the text in two and encodes each piece on its own (so every id is a real
+    vocabulary token); the fewest ids win, then the cut nearest the middle.
     """
-    if THINK_START not in text:
-        return None, text
-    processed = text.replace(THINK_START, "").strip()
-    if THINK_END not in processed:
-        return processed, ""
-    reasoning, rest = processed.split(THINK_END, 1)
-    return reasoning, rest.strip()
+    pieces = sorted(
+        {part for form in texts for t in form for k in range(1, len(t)) for part in (t[:k], t[k:])}
+    )
+    encoded = tokenizer(pieces, add_special_tokens=False)["input_ids"]
+    ids_of = dict(zip(pieces, encoded, strict=True))
+    out: list[list[list[int] | None]] = []
+    for form_texts, form_ids in zip(texts, canonical, strict=True):
+        row: list[list[int] | None] = []
+        for text, canon in zip(form_texts, form_ids, strict=True):
+            best: tuple[int, float] | None = None
+            chosen: list[int] | None = None
+            for k in range(1, len(text)):
+                ids = [*ids_of[text[:k]], *ids_of[text[k:]]]
+                rank = (len(ids), abs(k - len(text) / 2))
+                if ids == canon or (best is not None and rank >= best):
+                    continue
+                if tokenizer.decode(ids) == text:
+                    best, chosen = rank, ids
+            row.append(chosen)
+        out.append(row)
+    return out
+
+
+def detokenize(
+    tokenizer: Any, ids: list[int], matched_stop: int | None, skip_special_tokens: bool = True
+) -> str:
+    """Return the text SGLang answers for sampled `ids`.
+
+    A matched stop token is trimmed first (`managers/detokenizer_manager.py`,
+    `trim_matched_stop`, which takes it to be the last id), then the rest is decoded with the
+    request's `skip_special_tokens`, so `False` keeps every other special token.
+    """
+    if matched_stop is not None and ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 def _digest(seed: int, prompt: str, sampling: dict[str, Any]) -> int:

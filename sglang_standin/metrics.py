@@ -1,4 +1,12 @@
-"""Render SGLang's Prometheus metrics (the subset the project reads) as exposition text."""
+"""Render SGLang's Prometheus metrics (the subset the project reads) as exposition text.
+
+Labels as each release sets them for a single-GPU server: the scheduler's gauges carry
+`model_name, engine_type, tp_rank, pp_rank` and, since v0.5.23, `moe_ep_rank`
+(v0.5.23 `observability/metrics_collector.py` `SchedulerMetricsCollector` labels; v0.5.6
+`managers/scheduler_metrics_mixin.py` `init_metrics`); the tokenizer manager's counters and
+histograms carry `model_name` and, since v0.5.23, `engine_type`
+(`metrics_collector.py` `tokenizer_metric_labels`; v0.5.6 `tokenizer_manager.py`).
+"""
 
 from __future__ import annotations
 
@@ -39,7 +47,9 @@ class Metrics:
     """Hold the counters and histograms; gauges are passed in at render time."""
 
     model_name: str
+    version: str = "v0.5.23"
     prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_requests_total: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
@@ -49,29 +59,44 @@ class Metrics:
         self.ttft.observe(ttft)
         self.e2e.observe(e2e)
 
-    def render(self, *, running: int, queued: int, gen_throughput: float) -> str:
-        """Return the Prometheus text exposition of every metric, labelled with model_name."""
-        label = f'model_name="{_escape(self.model_name)}"'
+    def labels(self) -> tuple[str, str]:
+        """Return the (scheduler, tokenizer) label strings of this release."""
+        name = f'model_name="{_escape(self.model_name)}",engine_type="unified"'
+        if self.version == "v0.5.6":
+            return f'{name},tp_rank="0",pp_rank="0"', f'model_name="{_escape(self.model_name)}"'
+        return f'{name},tp_rank="0",pp_rank="0",moe_ep_rank="0"', name
+
+    def render(
+        self, *, running: int, queued: int, gen_throughput: float, token_usage: float = 0.0
+    ) -> str:
+        """Return the Prometheus text exposition of every metric."""
+        sched_label, label = self.labels()
         out: list[str] = []
 
-        def sample(name: str, kind: str, help_text: str, value: float) -> None:
+        def sample(name: str, kind: str, help_text: str, value: float, lab: str = label) -> None:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
             suffix = "_total" if kind == "counter" else ""
-            out.append(f"{name}{suffix}{{{label}}} {float(value)}")
+            out.append(f"{name}{suffix}{{{lab}}} {float(value)}")
 
-        sample("sglang:num_running_reqs", "gauge", "The number of running requests.", running)
-        sample(
-            "sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", queued
-        )
-        sample(
-            "sglang:gen_throughput", "gauge", "The generation throughput (token/s).", gen_throughput
-        )
+        sample("sglang:num_running_reqs", "gauge", "The number of running requests.", running,
+               sched_label)
+        sample("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+               queued, sched_label)
+        sample("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
+               gen_throughput, sched_label)
+        sample("sglang:token_usage", "gauge", "The token usage.", token_usage, sched_label)
         sample(
             "sglang:prompt_tokens",
             "counter",
             "Number of prefill tokens processed.",
             self.prompt_tokens_total,
+        )
+        sample(
+            "sglang:cached_tokens",
+            "counter",
+            "Number of cached prompt tokens.",
+            self.cached_tokens_total,
         )
         sample(
             "sglang:generation_tokens",

@@ -3,9 +3,9 @@
 `BatchScheduler.step()` advances every running request by one token in one shared decode step
 and returns how long that step would take; the server's asyncio loop sleeps for it, tests and
 benchmarks can call it directly in virtual time. Shape: step_s = (base + per_req * batch +
-prefill_per_token * new prompt tokens) * time_scale, so output throughput batch / step_s rises
-with batch size toward a ceiling set by `max_running_requests`, and requests whose KV reservation
-does not fit in `max_total_num_tokens` wait in the queue.
+prefill_per_token * new uncached prompt tokens) * time_scale, so output throughput
+batch / step_s rises with batch size toward a ceiling set by `max_running_requests`, and
+requests whose KV reservation does not fit in `max_total_num_tokens` wait in the queue.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class Job:
     prompt_tokens: int
     output_tokens: int
     payload: object = None
+    # Prompt tokens found in the radix cache: their prefill is skipped, as SGLang skips it.
+    cached_tokens: int = 0
     generated: int = 0
     # Time (scheduler clock) when the job got its first token / finished; set by step().
     first_token_at: float | None = None
@@ -141,7 +143,7 @@ class BatchScheduler:
     def step(self) -> StepResult:
         """Admit what fits, decode one token for every running job, advance the clock."""
         admitted = self._admit()
-        prefill = sum(job.prompt_tokens for job in admitted)
+        prefill = sum(job.prompt_tokens - job.cached_tokens for job in admitted)
         batch = len(self.running)
         duration = self.model.step_seconds(batch, prefill) if batch else 0.0
         self.clock += duration

@@ -1,9 +1,12 @@
 """Spawn stand-in servers as subprocesses for tests, benchmarks and the demo.
 
 `start_standin(...)` is a context manager around `StandinProcess`: it runs
-`python -m sglang_standin ...` with the log in a file, waits for /health 200 and always kills
-the process on exit. Keyword flags become command-line flags: `context_length=4096` becomes
-`--context-length 4096`, `enable_metrics=True` becomes `--enable-metrics`, False/None are left out.
+`python -m sglang_standin ...` with the log in a file, waits for /health 200 (unless
+`wait=False`: it then returns at once, the port still closed) and always kills the process on
+exit. `wait_for_log` and `wait_port_open` let a test watch the stages of a start
+(`--standin-load-seconds`: alive with the port closed, then open and warming up, then healthy).
+Keyword flags become command-line flags: `context_length=4096` becomes `--context-length 4096`,
+`enable_metrics=True` becomes `--enable-metrics`, False/None are left out.
 """
 
 from __future__ import annotations
@@ -131,13 +134,50 @@ class StandinProcess:
                     + self.log_tail()
                 )
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as resp:
+                # SGLang's /health takes at least 1 s when up; leave room for a loaded host.
+                with urllib.request.urlopen(self.url + "/health", timeout=10.0) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass  # not listening yet, or 503 while warming up
             time.sleep(0.05)
         raise RuntimeError(f"stand-in not healthy after {timeout:.0f} s:\n" + self.log_tail())
+
+    def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
+        """Block until the log holds `text`; raise RuntimeError on exit or deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log_path.read_text(errors="replace"):
+                return
+            if not self.is_alive():
+                raise RuntimeError(
+                    f"stand-in exited with {self.returncode} before logging {text!r}:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.02)
+        raise RuntimeError(f"stand-in did not log {text!r} in {timeout:.0f} s:\n" + self.log_tail())
+
+    def port_open(self) -> bool:
+        """Say whether the port accepts connections now."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=2.0):
+                return True
+        except OSError:
+            return False
+
+    def wait_port_open(self, timeout: float = 60.0) -> None:
+        """Block until the port accepts connections; raise RuntimeError on exit or deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.port_open():
+                return
+            if not self.is_alive():
+                raise RuntimeError(
+                    f"stand-in exited with {self.returncode} before opening its port:\n"
+                    + self.log_tail()
+                )
+            time.sleep(0.02)
+        raise RuntimeError(f"stand-in port closed after {timeout:.0f} s:\n" + self.log_tail())
 
     def log_tail(self, lines: int = 40) -> str:
         """Return the last `lines` lines of the log."""
@@ -187,6 +227,9 @@ def start_standin(
     **flags: Any,
 ) -> Iterator[StandinProcess]:
     """Start a stand-in, wait until healthy (unless `wait=False`), yield it, stop it on exit.
+
+    With `wait=False` it yields as soon as the process is spawned: the port may still be
+    closed (see `StandinProcess.wait_port_open`).
 
     `model_path` is a tokenizer directory (see `sglang_standin.tokenizer.build_chat_tokenizer`);
     `port` None picks a free one. Other keywords are flags (see module docstring), including

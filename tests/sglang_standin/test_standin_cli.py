@@ -66,3 +66,44 @@ def test_one_config_file_at_most(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         parse_args(["--model-path", "/m", "--config"])
     assert "No config file specified" in capsys.readouterr().err
+
+
+def test_versions_default_to_v0_5_23_and_head_is_gone(capsys: pytest.CaptureFixture[str]) -> None:
+    c = parse_args(["--model-path", "/m"])
+    assert c.version == "v0.5.23" and c.effective_length_check == "v0.5.23"
+    old = parse_args(["--model-path", "/m", "--standin-version", "v0.5.6"])
+    assert old.effective_length_check == "v0.5.6"
+    mixed = parse_args(["--model-path", "/m", "--standin-length-check", "v0.5.6"])
+    assert mixed.version == "v0.5.23" and mixed.effective_length_check == "v0.5.6"
+    for flag in ("--standin-version", "--standin-length-check"):
+        with pytest.raises(SystemExit):
+            parse_args(["--model-path", "/m", flag, "head"])
+        assert "invalid choice: 'head'" in capsys.readouterr().err
+
+
+def test_new_flags_parse_and_rates_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    c = parse_args(["--model-path", "/m"])
+    assert (c.noncanonical_rate, c.load_seconds) == (0.0, 0.0)
+    assert not c.enable_cache_report and not c.disable_radix_cache
+    c = parse_args([
+        "--model-path", "/m", "--standin-noncanonical-rate", "0.25", "--standin-load-seconds",
+        "3", "--enable-cache-report", "--disable-radix-cache",
+    ])  # fmt: skip
+    assert (c.noncanonical_rate, c.load_seconds) == (0.25, 3.0)
+    assert c.enable_cache_report and c.disable_radix_cache and not c.ignored_args
+    assert c.sglang_args()["enable_cache_report"] is True
+    assert c.standin_args()["standin_noncanonical_rate"] == 0.25
+    with pytest.raises(SystemExit):
+        parse_args(["--model-path", "/m", "--standin-noncanonical-rate", "1.5"])
+    assert "a rate must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_server_args_line_has_each_releases_format() -> None:
+    from sglang_standin.runtime import server_args_line
+
+    new = server_args_line(parse_args(["--model-path", "/m", "--api-key", "k-1"]))
+    assert new.startswith("server_args={'model_path': '/m', ") and "'api_key': 'k-1'" in new
+    old = server_args_line(
+        parse_args(["--model-path", "/m", "--api-key", "k-1", "--standin-version", "v0.5.6"])
+    )
+    assert old.startswith("server_args=ServerArgs(model_path='/m', ") and "api_key='k-1'" in old

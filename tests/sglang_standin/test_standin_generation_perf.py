@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from sglang_standin import perf
-from sglang_standin.generation import CompletionWriter, LengthModel, split_reasoning
+from sglang_standin.generation import CompletionWriter, LengthModel, detokenize
+from sglang_standin.words import WORDS
 
 THINKING_PROMPT = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n"
 PLAIN_PROMPT = THINKING_PROMPT + "<think>\n\n</think>\n\n"
@@ -55,15 +56,80 @@ def test_lengths_are_long_tailed_around_the_median(tokenizer: Any) -> None:
     assert min(lengths) >= 3
 
 
-def test_thinking_output_splits_like_the_qwen3_parser(writer: CompletionWriter) -> None:
+def test_thinking_output_is_think_block_then_answer_then_eos(
+    writer: CompletionWriter, tokenizer: Any
+) -> None:
     out = writer.write(THINKING_PROMPT, {}, None)
-    assert out.thinking and out.text.startswith("<think>\n") and "</think>\n\n" in out.text
-    reasoning, content = split_reasoning(out.text)
-    assert reasoning and content and "<think>" not in reasoning and "</think>" not in content
+    assert out.thinking and out.finish == "stop"
+    raw = tokenizer.decode(out.ids, skip_special_tokens=False)
+    assert raw.startswith("<think>\n") and raw.endswith(".<|im_end|>")
+    reasoning, answer = raw.removeprefix("<think>").split("\n</think>\n\n")
+    assert reasoning.startswith("\n") and "<think>" not in answer
+    assert out.text == raw.removesuffix("<|im_end|>")
     assert not writer.write(PLAIN_PROMPT, {}, None).thinking
-    assert split_reasoning("<think>\nonly thoughts") == ("only thoughts", "")
-    assert split_reasoning("plain") == (None, "plain")
-    assert split_reasoning("<think>\na\n</think>\n\nb") == ("a\n", "b")
+
+
+def test_detokenize_trims_only_the_matched_stop_and_honours_skip_special_tokens(
+    tokenizer: Any,
+) -> None:
+    ids = tokenizer.encode("<|im_start|>Hi<think>x</think><|im_end|>", add_special_tokens=False)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids[-1] == eos
+    assert detokenize(tokenizer, ids, eos) == "Hi<think>x</think>"
+    assert detokenize(tokenizer, ids, eos, False) == "<|im_start|>Hi<think>x</think>"
+    # No stop matched (finish_reason "length"): nothing is trimmed.
+    assert detokenize(tokenizer, ids, None, False).endswith("</think><|im_end|>")
+    assert detokenize(tokenizer, ids, None) == "Hi<think>x</think>"
+
+
+def _check_noncanonical(tokenizer: Any, runs: int) -> None:
+    canonical = CompletionWriter(tokenizer, seed=5)
+    half = CompletionWriter(tokenizer, seed=5, noncanonical_rate=0.5)
+    every = CompletionWriter(tokenizer, seed=5, noncanonical_rate=1.0)
+    assert half.splits is not None and canonical.splits is None
+    vocab_size = len(tokenizer.get_vocab())
+    for row in half.splits:
+        for split in row:
+            assert split is None or (len(split) >= 2 and all(0 <= t < vocab_size for t in split))
+    assert sum(s is not None for row in half.splits for s in row) > 0.9 * sum(map(len, half.splits))
+    longer = 0
+    for i in range(runs):
+        prompt = f"<|im_start|>user\nq{i}<|im_end|>\n<|im_start|>assistant\n"
+        base = canonical.write(prompt, {}, None)
+        assert tokenizer.encode(base.text, add_special_tokens=False) == base.ids[:-1]
+        for w in (half, every):
+            out = w.write(prompt, {}, None)
+            # The same text, spelled with other real tokens; the tokenizer gives it back
+            # canonically, so re-tokenizing the text loses the sampled ids.
+            assert out.text == base.text and out.finish == "stop"
+            assert tokenizer.decode(out.ids[:-1]) == base.text
+            assert tokenizer.encode(out.text, add_special_tokens=False) == base.ids[:-1]
+            assert out.completion_tokens == len(out.ids)
+            assert w.write(prompt, {}, None).ids == out.ids  # deterministic
+            cap = len(out.ids) // 2
+            assert w.write(prompt, {}, cap).ids == out.ids[:cap]
+        assert len(every.write(prompt, {}, None).ids) >= len(out.ids) >= len(base.ids)
+        longer += len(out.ids) > len(base.ids)
+    assert longer == runs  # every completion of ~60 words has some split at rate 0.5
+
+
+def test_noncanonical_splits_keep_the_text_and_change_the_ids(tokenizer: Any) -> None:
+    _check_noncanonical(tokenizer, runs=30)
+
+
+def test_noncanonical_splits_on_the_real_qwen3_6_vocabulary() -> None:
+    from transformers import AutoTokenizer
+
+    from sglang_standin.tokenizer import cached_chat_tokenizer
+
+    qwen = AutoTokenizer.from_pretrained(cached_chat_tokenizer("qwen3_6"), local_files_only=True)
+    w = CompletionWriter(qwen, noncanonical_rate=1.0)
+    assert w.splits is not None
+    canonical = qwen.encode(" model", add_special_tokens=False)
+    split = w.splits[0][WORDS.index("model")]  # form 0 is " word"
+    assert len(canonical) == 1 and split is not None and len(split) == 2
+    assert qwen.decode(split) == " model" and split != canonical
+    _check_noncanonical(qwen, runs=5)
 
 
 def test_step_time_and_ceiling_follow_the_documented_formula() -> None:
@@ -130,3 +196,14 @@ def test_queue_cap_and_cancel() -> None:
     assert sched.cancel(a) and sched.kv_used == 0 and not sched.running
     assert sched.cancel(b) and sched.idle
     assert not sched.cancel(b)
+
+
+def test_cached_prompt_tokens_skip_prefill() -> None:
+    model = perf.PerfModel(prefill_per_token_s=1e-3, decode_base_s=0.01, decode_per_req_s=0.0)
+    cold, warm = perf.BatchScheduler(model), perf.BatchScheduler(model)
+    cold.submit(perf.Job(1000, 3))
+    warm.submit(perf.Job(1000, 3, cached_tokens=900))
+    first_cold, first_warm = cold.step(), warm.step()
+    assert first_cold.prefill_tokens == 1000 and first_warm.prefill_tokens == 100
+    assert first_cold.duration_s == pytest.approx(0.01 + 1.0)
+    assert first_warm.duration_s == pytest.approx(0.01 + 0.1)

@@ -108,3 +108,49 @@ def test_failed_start_reports_the_log(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited with") as info:
         StandinProcess(tmp_path / "no-such-model", **FAST).start(timeout=30)
     assert "no-such-model" in str(info.value)
+
+
+def test_the_port_stays_closed_while_the_model_loads(tokenizer_dir: Path) -> None:
+    # http_server.py launch_server: Engine._launch_subprocesses (scheduler ready) before uvicorn.
+    load = 1.5
+    with start_standin(
+        None, tokenizer_dir, wait=False, standin_load_seconds=load,
+        **{**FAST, "standin_warmup_seconds": 0.5},
+    ) as proc:  # fmt: skip
+        proc.wait_for_log("loading the model for 1.5 s (port closed)", timeout=60)
+        loading = time.monotonic()
+        log = proc.log_path.read_text()
+        assert log.index("server_args=") < log.index("loading the model")
+        assert proc.is_alive() and _refuses(proc.port)
+        time.sleep(0.5)
+        assert proc.is_alive() and _refuses(proc.port)
+        proc.wait_port_open(timeout=30)
+        assert time.monotonic() - loading >= load - 0.1
+        # Open, warming up: /health is 503 at once, the model list answers.
+        assert call("GET", proc.url + "/health").status == 503
+        assert call("GET", proc.url + "/v1/models").status == 200
+        assert "ready to roll" not in proc.log_path.read_text()
+        proc.wait_healthy(timeout=30)
+        assert "ready to roll" in proc.log_path.read_text()
+
+
+def test_a_colon_in_the_served_model_name_exits_before_the_port_opens(
+    tokenizer_dir: Path,
+) -> None:
+    proc = StandinProcess(tokenizer_dir, served_model_name="org/drafter:v1", **FAST)
+    proc.start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while proc.is_alive():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert proc.returncode == 1 and _refuses(proc.port)
+        log = proc.log_path.read_text()
+        assert (
+            "AssertionError: served_model_name cannot contain a colon (':') character. The colon "
+            "is reserved for the 'model:adapter' syntax used in LoRA adapter specification. "
+            "Invalid value: 'org/drafter:v1'"
+        ) in log
+        assert "server_args=" not in log  # SGLang checks its arguments before logging them
+    finally:
+        proc.kill()

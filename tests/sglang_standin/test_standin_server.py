@@ -46,18 +46,44 @@ def test_warm_up_gates_health_but_not_model_listing(make_server: ServerFactory) 
     }
     assert call("GET", server.url + "/get_server_info").json()["status"] == "Starting"
     server.wait_ready()
+    assert call("GET", server.url + "/get_server_info").json()["status"] == "Up"
+
+
+def test_health_takes_a_second_when_up_and_503_at_once_otherwise(
+    make_server: ServerFactory,
+) -> None:
+    # http_server.py health_generate: 503 while starting, else sleep(1) before the first look.
+    server = make_server(wait=False, standin_warmup_seconds=3, standin_time_scale=0.001)
+    start = time.monotonic()
+    assert call("GET", server.url + "/health").status == 503
+    assert time.monotonic() - start < 0.5
+    up = make_server(standin_time_scale=0.001)  # fixed 1 s, not scaled by the time scale
     for path in ("/health", "/health_generate"):
-        ready = call("GET", server.url + path)
+        start = time.monotonic()
+        ready = call("GET", up.url + path)
         assert ready.status == 200 and ready.body == b""
+        assert 1.0 <= time.monotonic() - start < 3.0
+    start = time.monotonic()
+    assert chat(up).status == 200 and call("GET", up.url + "/v1/models").status == 200
+    assert time.monotonic() - start < 1.0  # nothing else waits
+    hung = make_server(standin_hang_after_requests=0)
+    with pytest.raises(TimeoutError):
+        chat(hung, timeout=0.3)
+    start = time.monotonic()
+    assert call("GET", hung.url + "/health").status == 503
+    assert time.monotonic() - start < 0.5
 
 
 def test_server_info_model_info_and_default_context_length(make_server: ServerFactory) -> None:
     server = make_server(served_model_name="drafter-target", max_running_requests=8)
+    older = make_server(standin_version="v0.5.6")
+    assert call("GET", older.url + "/server_info").json()["version"] == "0.5.6"
     for path in ("/get_server_info", "/server_info"):
         info = call("GET", server.url + path).json()
         assert info["context_length"] is None  # not given on the command line
         assert info["served_model_name"] == "drafter-target"
-        assert info["status"] == "Up" and info["version"] == "0.5.6"
+        assert info["status"] == "Up" and info["version"] == "0.5.23"
+        assert info["standin_version"] == "v0.5.23" and info["standin_length_check"] == "v0.5.23"
         assert info["max_total_num_tokens"] == 262144
         assert info["max_req_input_len"] == 32768 - 6
         assert set(info["internal_states"][0]) >= {"last_gen_throughput"}
@@ -88,10 +114,11 @@ def test_context_length_falls_back_to_model_config(
     )
 
 
+@pytest.mark.parametrize("version", ["v0.5.23", "v0.5.6"])
 def test_chat_completion_shape_usage_and_determinism(
-    make_server: ServerFactory, tokenizer: Any
+    make_server: ServerFactory, tokenizer: Any, version: str
 ) -> None:
-    server = make_server()
+    server = make_server(standin_version=version)
     reply = chat(server, "Tell me a story", chat_template_kwargs={"enable_thinking": False})
     assert reply.status == 200 and reply.headers["Content-Type"].startswith("application/json")
     body = reply.json()
@@ -100,23 +127,28 @@ def test_chat_completion_shape_usage_and_determinism(
     assert body["object"] == "chat.completion" and body["model"] == "whatever"
     assert body["metadata"] == {"weight_version": "default"}
     (choice,) = body["choices"]
+    # v0.5.23 protocol.py serializers drop a None tool_calls and absent token ids.
     assert list(choice) == ["index", "message", "logprobs", "finish_reason", "matched_stop"]
     msg = choice["message"]
-    assert list(msg) == ["role", "content", "reasoning_content", "tool_calls"]
-    assert msg["role"] == "assistant" and msg["tool_calls"] is None
+    keys = ["role", "content", "reasoning_content"]
+    assert list(msg) == (keys if version == "v0.5.23" else [*keys, "tool_calls"])
+    assert msg["role"] == "assistant" and msg.get("tool_calls") is None
     assert msg["reasoning_content"] is None
     assert choice["finish_reason"] == "stop"
     assert choice["matched_stop"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     usage = body["usage"]
     p = _prompt_tokens(tokenizer, "Tell me a story", enable_thinking=False)
     n = len(tokenizer.encode(msg["content"], add_special_tokens=False)) + 1  # + the EOS
-    assert usage == {
+    expected: dict[str, Any] = {
         "prompt_tokens": p,
-        "completion_tokens": n,
         "total_tokens": p + n,
+        "completion_tokens": n,
         "prompt_tokens_details": None,
         "reasoning_tokens": 0,
     }
+    if version == "v0.5.23":
+        expected["completion_tokens_details"] = None
+    assert usage == expected and list(usage) == list(expected)
     again = chat(server, "Tell me a story", chat_template_kwargs={"enable_thinking": False})
     assert again.json()["choices"] == body["choices"] and again.json()["id"] != body["id"]
     assert chat(server, "Tell me another").json()["choices"] != body["choices"]
@@ -132,27 +164,33 @@ def test_max_tokens_cap_gives_finish_reason_length(make_server: ServerFactory) -
     assert body["usage"]["completion_tokens"] == 7
 
 
-@pytest.mark.parametrize("version", ["v0.5.6", "head"])
+@pytest.mark.parametrize("version", ["v0.5.23", "v0.5.6"])
 def test_reasoning_split_and_cut_before_think_end(make_server: ServerFactory, version: str) -> None:
     server = make_server(
         reasoning_parser="qwen3", standin_version=version, standin_median_output_tokens=200
     )
+    # v0.5.6 forces the parser only for an explicit enable_thinking (serving_chat.py); the
+    # text opens with <think> either way, so the split is the same.
     full = chat(server, "Why?").json()["choices"][0]
     msg = full["message"]
     assert full["finish_reason"] == "stop"
-    assert msg["reasoning_content"] and msg["content"]
-    assert "<think>" not in msg["content"] and "</think>" not in msg["content"]
     raw = chat(server, "Why?", separate_reasoning=False).json()["choices"][0]["message"]
     assert raw["reasoning_content"] is None and raw["content"].startswith("<think>\n")
-    assert raw["content"].split("</think>")[1].strip() == msg["content"]
+    thought, answer = raw["content"].removeprefix("<think>").split("</think>", 1)
+    if version == "v0.5.23":  # parser/reasoning_parser.py: a raw split, nothing stripped
+        assert (msg["reasoning_content"], msg["content"]) == (thought, answer)
+        assert thought.startswith("\n") and answer.startswith("\n\n")
+    else:  # v0.5.6: tags removed and both ends stripped, the answer stripped again
+        assert (msg["reasoning_content"], msg["content"]) == (thought.lstrip(), answer.strip())
     cut = chat(server, "Why?", max_tokens=5).json()["choices"][0]
     assert cut["finish_reason"] == "length" and cut["message"]["reasoning_content"]
     assert cut["message"]["content"] == (None if version == "v0.5.6" else "")
     off = chat(server, "Why?", chat_template_kwargs={"enable_thinking": False}).json()
     assert off["choices"][0]["message"]["reasoning_content"] is None
+    assert off["choices"][0]["message"]["content"]
 
 
-@pytest.mark.parametrize("mode", ["v0.5.6", "head"])
+@pytest.mark.parametrize("mode", ["v0.5.23", "v0.5.6"])
 def test_three_length_errors_exact_texts(
     make_server: ServerFactory, tokenizer: Any, mode: str
 ) -> None:
@@ -291,27 +329,40 @@ def test_api_key_guards_everything_but_health_and_metrics(make_server: ServerFac
     assert "sekret" not in json.dumps(info)
 
 
-def test_metrics_text(make_server: ServerFactory) -> None:
+@pytest.mark.parametrize("version", ["v0.5.23", "v0.5.6"])
+def test_metrics_text_and_labels(make_server: ServerFactory, version: str) -> None:
     plain = make_server()
     assert call("GET", plain.url + "/metrics").status == 404
-    server = make_server(enable_metrics=True, served_model_name='m"1')
+    server = make_server(enable_metrics=True, served_model_name='m"1', standin_version=version)
     for _ in range(3):
         assert chat(server).status == 200
     reply = call("GET", server.url + "/metrics")
     assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
     text = reply.body.decode()
-    label = 'model_name="m\\"1"'
+    # Scheduler gauges: metrics_collector.py (v0.5.23) / scheduler_metrics_mixin.py (v0.5.6);
+    # tokenizer-manager counters and histograms: model_name (+ engine_type since v0.5.23).
+    name = 'model_name="m\\"1"'
+    if version == "v0.5.23":
+        sched = f'{name},engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        label = f'{name},engine_type="unified"'
+    else:
+        sched = f'{name},engine_type="unified",tp_rank="0",pp_rank="0"'
+        label = name
     values = {}
     for line in text.splitlines():
         if not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    assert values[f"sglang:num_running_reqs{{{sched}}}"] == 0
+    assert values[f"sglang:num_queue_reqs{{{sched}}}"] == 0
+    assert values[f"sglang:token_usage{{{sched}}}"] == 0
+    assert f"sglang:gen_throughput{{{sched}}}" in values
     assert values[f"sglang:num_requests_total{{{label}}}"] == 3
-    assert values[f"sglang:num_running_reqs{{{label}}}"] == 0
-    assert values[f"sglang:num_queue_reqs{{{label}}}"] == 0
     assert values[f"sglang:prompt_tokens_total{{{label}}}"] > 0
     assert values[f"sglang:generation_tokens_total{{{label}}}"] >= 3
-    assert f"sglang:gen_throughput{{{label}}}" in values
+    # The same prompt thrice: the radix cache serves all but one token the second and third time.
+    p = values[f"sglang:prompt_tokens_total{{{label}}}"] / 3
+    assert values[f"sglang:cached_tokens_total{{{label}}}"] == 2 * (p - 1)
     for hist in ("sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds"):
         assert f"# TYPE {hist} histogram" in text
         assert values[f"{hist}_count{{{label}}}"] == 3
