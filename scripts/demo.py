@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -66,6 +67,7 @@ def main() -> int:
 
     work = ROOT / "var" / "demo"
     work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work / "sampled", ignore_errors=True)  # this run's answers only
     tokenizer = build_chat_tokenizer(work / "tokenizer", context_length=8192)
     s3, url = start_s3()
     env = dict(os.environ)
@@ -90,9 +92,15 @@ def main() -> int:
         "port_base": 30000,
         "server_launch_command": shell_launch_command(),
         "server_log_dir": str(work / "server-logs"),
-        "extra_server_args": ["--enable-metrics", "--standin-time-scale", "0.02",
+        "extra_server_args": ["--enable-metrics", "--enable-cache-report",
+                              "--standin-time-scale", "0.02",
                               "--standin-median-output-tokens", "200",
-                              "--standin-warmup-seconds", "2"],
+                              "--standin-load-seconds", "1", "--standin-warmup-seconds", "2",
+                              # A model may sample a non-canonical split of a word (same
+                              # text, other ids): modelled at 0.2% of words, so the summary
+                              # shows what re-tokenizing the text would have changed.
+                              "--standin-noncanonical-rate", "0.002",
+                              "--standin-sampled-log-dir", str(work / "sampled")],
     }
     for name, value in deployment.items():
         env[f"REGEN_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
@@ -103,6 +111,7 @@ def main() -> int:
     # ... and what a person who triggers a run chooses (the trigger form's fields).
     conf = {
         "run_name": args.run_name,
+        "enable_thinking": True,
         "shard_size": 50,
         "model_path": str(tokenizer),
         "served_model_name": "Qwen/Qwen3.6-27B",
@@ -160,10 +169,36 @@ def _summary(mirror: Path, returncode: int, untouched: bool, work: Path) -> None
         c = g["counts"]
         print(f"  {g['shard_id']}: {c['completed']} completed ({g['truncated']} cut by "
               f"max_tokens), {c['skipped']} skipped, {c['failed']} failed -> {tokens}")
+    _token_summary(mirror, work / "sampled")
     for report in sorted((mirror / "report").glob("*/report.html")):
         print(f"report:           {report}")
     print("open the UI:      ./dev ui   (then http://127.0.0.1:8080, DAG "
           "regenerate_drafter_data)")
+
+
+def _token_summary(mirror: Path, sampled_dir: Path) -> None:
+    """Print how the rows compare with what the stand-in servers sampled (their own log)."""
+    import pyarrow.parquet as pq
+
+    sampled: dict[tuple[int, ...], list[list[int]]] = {}
+    for log_file in sampled_dir.glob("sampled-*.jsonl"):
+        for line in log_file.read_text().splitlines():
+            entry = json.loads(line)
+            sampled.setdefault(tuple(entry["prompt_ids"]), []).append(entry["sampled_ids"])
+    rows = exact = differs = 0
+    for path in sorted((mirror / "tokenized").glob("*.parquet")):
+        table = pq.read_table(path)
+        for ids, mask in zip(table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(),
+                             strict=True):
+            rows += 1
+            masked = [t for t, m in zip(ids, mask, strict=True) if m]
+            exact += masked in sampled.get(tuple(ids[: mask.index(1)]), [])
+        manifest = json.loads(path.with_suffix("").with_suffix(".manifest.json").read_text())
+        differs += manifest["counts"]["retokenized_text_differs"]
+    print(f"token ids:        {exact} of {rows} rows are exactly the servers' prompt ids + "
+          f"sampled ids; re-tokenizing the text would have changed {differs} of them (the "
+          "stand-ins sample 0.2% of words as a non-canonical split; on real servers each "
+          "tokenized manifest counts it: retokenized_text_differs)")
 
 
 if __name__ == "__main__":

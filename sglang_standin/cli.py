@@ -72,6 +72,7 @@ class ServerConfig:
     slow_warmup_seconds: float = 0.0
     load_seconds: float = 0.0
     noncanonical_rate: float = 0.0
+    sampled_log_dir: str | None = None
     ignored_args: list[str] = field(default_factory=list)
 
     @property
@@ -309,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_rate,
         default=0.0,
         help="share of words sampled as a non-canonical token split (same text, other ids)",
+    )
+    s.add_argument(
+        "--standin-sampled-log-dir",
+        default=None,
+        help="append every answered chat completion's prompt and sampled ids to "
+        "DIR/sampled-<port>.jsonl (what tests check a pipeline's rows against)",
     )
     return p
 

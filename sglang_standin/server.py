@@ -9,7 +9,9 @@ in `errors.py` (see /work/shared/docs/sglang-contract.md and README.md for the s
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -304,7 +306,20 @@ class StandinServer:
         )  # fmt: skip
         if self.config.enable_cache_report:
             answer.cached_tokens = cached
+        self._log_sampled(prompt_ids, completion)
         return json_response(chat_body(self.version, req, answer))
+
+    def _log_sampled(self, prompt_ids: list[int], completion: Completion) -> None:
+        # The stand-in's own record of what it sampled: a pipeline's rows are checked against
+        # this, never against the client's copy of the answer.
+        folder = self.config.sampled_log_dir
+        if not folder:
+            return
+        line = json.dumps({"prompt_ids": prompt_ids, "sampled_ids": completion.ids,
+                           "finish_reason": completion.finish})
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"sampled-{self.config.port}.jsonl"), "a") as fh:
+            fh.write(line + "\n")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()

@@ -111,7 +111,14 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     for key, data in originals.items():
         s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=data)
     key = "sk-regen-" + os.urandom(8).hex()
-    conf = run_conf(api_key=key)  # a deployment's connection, never the run's conf
+    sampled_dir = Path(run_conf()["server_log_dir"]).parent / "sampled"
+    conf = run_conf(  # the key: a deployment's connection, never the run's conf
+        api_key=key, enable_thinking=True,
+        # Some words sampled as a non-canonical split of the same text (a model may): the rows
+        # must still be those ids, which a re-tokenization of the text would not give.
+        extra_server_args=[*run_conf()["extra_server_args"], "--standin-noncanonical-rate",
+                           "0.01", "--standin-sampled-log-dir", str(sampled_dir)],
+    )
     proc = _dags_test(airflow_env, conf)
     _ok(proc)
     assert _keys(s3_bucket, "completions/") == originals
@@ -162,6 +169,44 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     assert _ports_closed(run_conf.base)
     out = proc.stdout + proc.stderr
     assert "preflight prompt" in out and "healthy and serving the run's model" in out
+    from transformers import AutoTokenizer
+
+    think_close = AutoTokenizer.from_pretrained(conf["model_path"]).convert_tokens_to_ids(
+        "</think>")
+    _rows_are_the_sampled_ids(run, prompts, sampled_dir, think_close)
+
+
+def _rows_are_the_sampled_ids(run: dict[str, bytes], prompts: dict, sampled_dir: Path,
+                              think_close: int) -> None:
+    """Every parquet row is the stand-in's prompt ids + the ids it sampled (its own log)."""
+    import io
+    from itertools import compress
+
+    import pyarrow.parquet as pq
+
+    sampled: dict[tuple[int, ...], list[list[int]]] = {}
+    for log_file in sampled_dir.glob("sampled-*.jsonl"):
+        for line in log_file.read_text().splitlines():
+            entry = json.loads(line)
+            sampled.setdefault(tuple(entry["prompt_ids"]), []).append(entry["sampled_ids"])
+    rows = differs = thinking = 0
+    for shard in prompts["shards"]:
+        tok = json.loads(run[f"runs/expansion_v1/tokenized/{shard['shard_id']}.manifest.json"])
+        differs += tok["counts"]["retokenized_text_differs"]
+        assert tok["counts"]["token_source"]["text"] == 0
+        table = pq.read_table(io.BytesIO(run[f"runs/expansion_v1/tokenized/"
+                                             f"{shard['shard_id']}.parquet"]))
+        for ids, mask in zip(table["input_ids"].to_pylist(), table["loss_mask"].to_pylist(),
+                             strict=True):
+            prompt = tuple(ids[: mask.index(1)])
+            masked = list(compress(ids, mask))
+            assert masked in sampled[prompt]  # exactly what the stand-in sampled for it
+            assert len(prompt) + len(masked) == len(ids)  # one masked span, to the end
+            thinking += think_close in masked
+            rows += 1
+    assert rows == sum(s["count"] for s in prompts["shards"])
+    assert thinking > rows * 0.9  # thinking mode: the think block is in the trained ids
+    assert differs > 0  # a rebuild from the text would have trained on other ids
 
 
 def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(

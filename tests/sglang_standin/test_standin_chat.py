@@ -166,3 +166,14 @@ def test_a_colon_in_the_served_model_name_stops_the_server(
     path_only = parse_args(["--model-path", "/models/a:b", "--tokenizer-path", str(tokenizer_dir)])
     with pytest.raises(AssertionError, match="Invalid value: '/models/a:b'"):
         StandinServer(path_only, tokenizer=tokenizer)
+
+
+def test_the_sampled_log_records_what_was_sampled(make_server: ServerFactory, tmp_path) -> None:
+    import json
+
+    server = make_server(standin_sampled_log_dir=str(tmp_path), standin_noncanonical_rate=0.5)
+    answers = [chat(server, q, return_token_ids=True).json()["choices"][0] for q in ("A?", "B?")]
+    (log_file,) = tmp_path.glob("sampled-*.jsonl")
+    lines = [json.loads(x) for x in log_file.read_text().splitlines()]
+    assert [x["sampled_ids"] for x in lines] == [a["response_token_ids"] for a in answers]
+    assert [x["prompt_ids"] for x in lines] == [a["prompt_token_ids"] for a in answers]
