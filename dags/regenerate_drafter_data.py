@@ -29,6 +29,10 @@ check_settings ─ prepare_prompts ─ launch_servers (setup) ─ wait_for_serve
   `regenerated_drafter_data`) a training DAG can be scheduled on.
 * **stop_servers** stops only what this run started, whatever happened to the run.
 
+Servers cross XCom as identifiers (host and port) only: every task rebuilds a server's SSH
+connection, command prefix, log directory and URL from the deployment settings and refuses an
+identifier the deployment does not list (XCom can be edited over the REST API).
+
 The trigger form holds the *run settings* (what a run does); the same names work in
 `airflow dags trigger regenerate_drafter_data -c '{"shard_range": "120-179"}'`. Hosts, commands,
 credentials, the output root and protected prefixes are *deployment settings* (`REGEN_*`
@@ -89,6 +93,11 @@ SHARD_NAME = "{{ task.op_kwargs['shard_id'] }}"
 SHARD_TIMEOUT = timedelta(hours=6)
 
 
+def lease_owner(run_id: str | None) -> str:
+    """Return the name of a run's lease on its servers, from its run id (never from XCom)."""
+    return f"{DAG_ID}/{run_id}"
+
+
 @dag(
     dag_id=DAG_ID,
     schedule=None,
@@ -131,40 +140,46 @@ def regenerate_drafter_data() -> None:
         from include.settings import RunSettings
 
         report = launch_for_plan(RunSettings.from_mapping(params), plan,
-                                 owner=f"regenerate_drafter_data/{run_id}")
+                                 owner=lease_owner(run_id))
         print(report.summary())
         return report.to_dict()
 
     @task
-    def health_targets(report: dict) -> list[dict]:
-        """Fail on servers that cannot serve this run; return one sensor target per server."""
-        from include.servers.launcher import LaunchReport
+    def health_targets(report: dict, params: dict | None = None) -> list[dict]:
+        """Fail on servers that cannot serve this run; return each server's identifier."""
+        from include.servers.report import LaunchReport, XComMismatchError
+        from include.settings import RunSettings
+        from include.settings.errors import fail_without_retry
 
-        LaunchReport.from_dict(report).raise_for_problems()
-        return report["health_targets"]
+        with fail_without_retry(XComMismatchError):
+            launched = LaunchReport.from_dict(report, RunSettings.from_mapping(params))
+        launched.raise_for_problems()
+        return launched.health_targets()
 
     @task
-    def preflight(report: dict, plan: list[dict], params: dict | None = None) -> list[str]:
-        """Send the run's longest prompt to every server; return the server URLs."""
+    def preflight(report: dict, plan: list[dict], params: dict | None = None) -> list[dict]:
+        """Send the run's longest prompt to every server; return the servers' identifiers."""
         from include.prompts import read_shard_by_id
         from include.prompts.plan import open_run_store
-        from include.servers.launcher import LaunchReport
         from include.servers.preflight import preflight_run
+        from include.servers.report import LaunchReport, XComMismatchError
         from include.settings import RunSettings
+        from include.settings.errors import fail_without_retry
 
         settings = RunSettings.from_mapping(params)
-        urls = LaunchReport.from_dict(report).urls
+        with fail_without_retry(XComMismatchError):
+            launched = LaunchReport.from_dict(report, settings)
         if plan:
             prompts = read_shard_by_id(open_run_store(settings), plan[0]["shard_id"])
-            print(preflight_run(settings, urls, prompts))
-        return urls
+            print(preflight_run(settings, launched.urls, prompts))
+        return launched.idents
 
     @task_group(group_id="shard")
-    def per_shard(shard_id: str, servers: list[str], outputs_uri: str,
+    def per_shard(shard_id: str, servers: list[dict], outputs_uri: str,
                   wait_for: dict | None) -> None:
         @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS + SHARDS_QUEUED_AHEAD,
               execution_timeout=SHARD_TIMEOUT, map_index_template=SHARD_NAME)
-        def generate(shard_id: str, servers: list[str], outputs_uri: str,
+        def generate(shard_id: str, servers: list[dict], outputs_uri: str,
                      wait_for: dict | None, params: dict | None = None,
                      run_id: str | None = None, ti=None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry).
@@ -172,16 +187,22 @@ def regenerate_drafter_data() -> None:
             One run at a time per shard: a run that claimed it earlier and is still live
             goes first (a backfill overlapping a running run waits instead of duplicating).
             At most MAX_ACTIVE_SHARDS generate at once; a shard queued ahead waits, set up.
+            The prompts and the API key go only to the deployment's own servers: ``servers``
+            (XCom) are identifiers, turned into the deployment's URLs before any request.
             """
             from include.generation.claims import airflow_run_is_live
             from include.generation.shard import airflow_slot_free, generate_shard
             from include.prompts.plan import open_run_store
+            from include.servers.report import XComMismatchError, trusted_urls
             from include.settings import RunSettings
+            from include.settings.errors import fail_without_retry
 
             settings = RunSettings.from_mapping(params)
+            with fail_without_retry(XComMismatchError):
+                urls = trusted_urls(servers, settings)
             slot_free = (airflow_slot_free(DAG_ID, ti.task_id, run_id, ti.map_index,
                                            MAX_ACTIVE_SHARDS) if ti and run_id else None)
-            return generate_shard(settings, shard_id, servers,
+            return generate_shard(settings, shard_id, urls,
                                   open_run_store(settings, outputs_uri), open_run_store(settings),
                                   wait_for, run_id=run_id,
                                   is_live=airflow_run_is_live(DAG_ID), slot_free=slot_free)
@@ -226,9 +247,14 @@ def regenerate_drafter_data() -> None:
             raise_for_gates,
             report_run,
         )
+        from include.servers.report import LaunchReport, XComMismatchError
         from include.settings import RunSettings
+        from include.settings.errors import fail_without_retry
 
         settings = RunSettings.from_mapping(params)
+        if launched:  # read back through the settings: the report shows no edited XCom fact
+            with fail_without_retry(XComMismatchError):
+                launched = LaunchReport.from_dict(launched, settings).to_dict()
         summary = report_run(settings, [p["shard_id"] for p in plan], run_id or "manual",
                              launched)
         try:
@@ -240,11 +266,22 @@ def regenerate_drafter_data() -> None:
         return summary
 
     @teardown(on_failure_fail_dagrun=True)
-    def stop_servers(report: dict) -> None:
-        """Stop exactly the servers this run started and confirm they are gone."""
-        from include.servers.launcher import stop_servers
+    def stop_servers(report: dict, params: dict | None = None, run_id: str | None = None
+                     ) -> None:
+        """Stop exactly the servers this run started and confirm they are gone.
 
-        print(stop_servers(report).summary())
+        Commands run on the deployment's own servers with its own SSH connections and command
+        prefixes, and release this run's lease (named from its run id): XCom says only which.
+        """
+        from include.servers.launcher import stop_servers
+        from include.servers.report import XComMismatchError
+        from include.settings import RunSettings
+        from include.settings.errors import fail_without_retry
+
+        with fail_without_retry(XComMismatchError):
+            stopped = stop_servers(report, RunSettings.from_mapping(params),
+                                   owner=lease_owner(run_id))
+        print(stopped.summary())
 
     plan = prepare_prompts()
     check_settings() >> plan
@@ -255,7 +292,7 @@ def regenerate_drafter_data() -> None:
         # helped by waiting again: the server is not relaunched by a retry of its gate.
         retries=0,
         map_index_template="{{ task.server['host'] }}:{{ task.server['port'] }}",
-    ).expand_kwargs(health_targets(launched))
+    ).expand(server=health_targets(launched))
     servers = preflight(launched, plan)
     waited >> servers
     shards = per_shard.partial(servers=servers).expand_kwargs(plan)

@@ -3,7 +3,8 @@
 Mounted in the API server at ``/regen-monitor`` (``fastapi_apps``) and linked from the UI's
 navigation (``external_views``, shown in an iframe under Browse). It reads the runs' own
 manifests and journals under the deployment's ``output_root`` (``REGEN_OUTPUT_ROOT``) through
-``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root, and
+``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root (and
+probes the ``/health`` of the deployment's own servers only, ``REGEN_GPU_HOSTS``), and
 what Airflow scheduled for them from Airflow's own database (``include.reporting.airflow_runs``:
 each run's state, its shards running / queued / failed / done, with links to the run and to
 each shard's task log in the UI). The page has no state of its own.
@@ -48,13 +49,15 @@ def output_root() -> str:
 @cache
 def _monitor() -> Any:
     from include.reporting.monitor import RunMonitor
+    from include.servers.report import server_addresses
     from include.settings import DeploymentSettings
     from include.storage import open_store
 
     deployment = DeploymentSettings.load()
     store = open_store(deployment.output_root, read_only=True,
                        s3_conn_id=deployment.s3_conn_id)
-    return RunMonitor(store)
+    # Journals name servers by URL; only the deployment's own hosts and ports are probed.
+    return RunMonitor(store, own_servers=server_addresses(deployment))
 
 
 def _ui_base() -> str:

@@ -13,6 +13,11 @@ A page open in several browsers must not turn into a listing of the store and a 
 server per request: ``live_runs`` answers from states at most ``ttl_s`` old (one listing per
 run, one probe per server per ``ttl_s``), and every cache is bounded. Journal segments and
 manifests are create-only, so what is parsed from them is kept (least recently used first out).
+
+Only the deployment's own servers are probed (``own_servers``: every host and port of
+``gpu_hosts`` x ``port_base`` + GPU, see ``server_addresses``), at the URL rebuilt from that
+host and port, over plain HTTP, without following redirects: a journal names servers by URL,
+and a URL written there (``file://...``, another host) is shown, never requested.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +36,14 @@ from typing import Any
 from cachetools import LRUCache, TTLCache
 
 from include.generation.journal import is_final, merge_lines
+from include.servers.report import own_server_url
 from include.sglang_health import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
 from include.storage import LocalStore, S3Store, Store
 
 #: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
 DAG_ID = "regenerate_drafter_data"
+#: What a server a journal names shows when it is not one of the deployment's (not probed).
+NOT_OURS = "not probed (not a server of this deployment)"
 #: Seconds of recent completions the tokens/s and ETA are computed over.
 RATE_WINDOW_S = 120.0
 #: What a run's report folder holds (see include/reporting/report.py), by extension, with its
@@ -107,8 +115,11 @@ class RunMonitor:
 
     def __init__(self, store: Store, probe_timeout_s: float = HEALTH_PROBE_TIMEOUT_FLOOR_S,
                  ttl_s: float = 5.0, max_runs: int = 64, max_journal_records: int = 200_000,
-                 timer: Callable[[], float] = time.monotonic) -> None:
+                 timer: Callable[[], float] = time.monotonic,
+                 own_servers: Iterable[tuple[str, int]] = ()) -> None:
         self.store = store
+        # The (host, port) pairs that may be probed; none by default: probing is opt-in.
+        self.own_servers = frozenset(own_servers)
         # SGLang's /health takes at least 1 s: a shorter probe shows every server down.
         self.probe_timeout_s = health_probe_timeout_s(probe_timeout_s)
         self._lock = threading.RLock()
@@ -279,18 +290,36 @@ class RunMonitor:
 
     def _servers(self, seen: dict[str, float], now: float, probe: bool) -> list[dict[str, Any]]:
         urls = sorted(u for u in seen if u)
-        health = {u: self._health[u] for u in urls if probe and u in self._health}
-        stale = [u for u in urls if probe and u not in health]
+        # Journal URL -> the deployment's own URL for it; a URL not in the deployment: None.
+        own = {u: own_server_url(u, self.own_servers) for u in urls}
+        targets = sorted({o for o in own.values() if o}) if probe else []
+        health = {o: self._health[o] for o in targets if o in self._health}
+        stale = [o for o in targets if o not in health]
         if stale:
             with concurrent.futures.ThreadPoolExecutor(len(stale)) as pool:
                 for url, result in zip(stale, pool.map(self._probe, stale), strict=True):
                     health[url] = self._health[url] = result
         return [{"url": u, "last_completion_s_ago": round(now - seen[u], 1),
-                 "health": health.get(u, "not probed (no shard running)")} for u in urls]
+                 "health": NOT_OURS if own[u] is None
+                 else health.get(own[u], "not probed (no shard running)")} for u in urls]
 
     def _probe(self, url: str) -> str:
         try:
-            with urllib.request.urlopen(url + "/health", timeout=self.probe_timeout_s) as r:
+            with _NO_REDIRECTS.open(url + "/health", timeout=self.probe_timeout_s) as r:
                 return "healthy" if r.status == 200 else f"HTTP {r.status}"
         except Exception as exc:  # any failure means "not healthy"; say which
             return f"down ({type(exc).__name__})"
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuse a redirect: a probe asks the deployment's server, nothing it points to."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+#: An opener that speaks HTTP only (no file://, no ftp://) and follows no redirect.
+_NO_REDIRECTS = urllib.request.OpenerDirector()
+for _handler in (urllib.request.HTTPHandler(), _RefuseRedirects(),
+                 urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor()):
+    _NO_REDIRECTS.add_handler(_handler)

@@ -11,6 +11,9 @@ redirections). The commands that start, lease and stop a server process are in
 Each server owns a few files under ``server_log_dir`` on its host, named by port
 (``server-<port>.*``, see ``ServerPaths``). The API key is never in a command line: it is in
 the server's ``--config`` YAML file (``server_config_yaml``, mode 0600).
+
+Where a server runs and how it is reached are deployment facts, rebuilt by ``server_specs``
+in every task; XCom carries only ``ServerSpec.ident`` (see ``include.servers.report``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,11 @@ class ServerSpec:
         return f"http://{host}:{self.port}"
 
     @property
+    def address(self) -> str:
+        """Return ``host:port`` (an IPv6 host in brackets), as identifiers are shown."""
+        return format_address(self.host, self.port)
+
+    @property
     def name(self) -> str:
         """Return a short label for logs and errors: ``host:port (GPU i)``."""
         gpus = ",".join(str(g) for g in self.cuda_devices)
@@ -117,8 +125,16 @@ class ServerSpec:
         """Return this server's pid, log and owner files."""
         return ServerPaths(self.log_dir, self.port)
 
+    @property
+    def ident(self) -> dict[str, Any]:
+        """Return the server's identifier, all of it XCom carries: ``{"host", "port"}``."""
+        return {"host": self.host, "port": self.port}
+
     def to_dict(self) -> dict[str, Any]:
-        """Return JSON-ready data (for XCom and trigger kwargs); ``from_dict`` inverts it."""
+        """Return every fact, for trigger kwargs (Airflow's database, not XCom).
+
+        ``from_dict`` inverts it. XCom gets ``ident`` only: see ``trusted_spec``.
+        """
         data = asdict(self)
         data["cuda_devices"] = list(self.cuda_devices)
         data["url"] = self.url
@@ -177,6 +193,11 @@ def server_specs(settings: RunSettings) -> list[ServerSpec]:
                 )
             )
     return specs
+
+
+def format_address(host: str, port: int) -> str:
+    """Return ``host:port``, an IPv6 host in brackets (as in a URL)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def default_bind_host(host: str) -> str:

@@ -7,9 +7,10 @@ another run leases it); a closed port with a live server process behind it is a 
 its model (SGLang opens its port only then), used as it is, without waiting here: the health
 gate waits for it and checks it; a silent port without a process gets a new server. Every
 server the run uses gets the run's lease on its host. The ``LaunchReport`` it returns is JSON
-data for XCom; ``stop_servers(report)`` releases the run's leases and stops a server only when
-no other run still leases it, so one run's teardown never stops servers another run generates
-on.
+data for XCom; ``stop_servers(report, settings)`` releases the run's leases and stops a server
+only when no other run still leases it, so one run's teardown never stops servers another run
+generates on. Teardown runs commands on the deployment's own servers only: each server of the
+report is matched against the settings' (``trusted_spec``), never taken from XCom.
 
 The servers' API key (``settings.api_key``, the password of the ``sglang_conn_id`` connection)
 reaches a server in its ``--config`` file, written from the SSH command's stdin; it is in no
@@ -18,6 +19,7 @@ command line, no report and no log tail this module returns.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -54,7 +56,14 @@ from include.servers.lifecycle import (
     build_release_command,
     build_status_command,
 )
-from include.servers.report import Action, LaunchReport, ServerOutcome, StopError, StopReport
+from include.servers.report import (
+    Action,
+    LaunchReport,
+    ServerOutcome,
+    StopError,
+    StopReport,
+    trusted_spec,
+)
 
 if TYPE_CHECKING:
     from include.settings import RunSettings
@@ -143,7 +152,7 @@ def launch_servers(
             log.info("server %s: %s %s", spec.name, outcome.action, outcome.detail)
             report.servers.append(outcome)
     except BaseException as exc:
-        _undo(report, runners, stop_grace_s, exc)
+        _undo(report, settings, runners, stop_grace_s, exc)
         raise
     finally:
         if own_runners:
@@ -151,12 +160,13 @@ def launch_servers(
     return report
 
 
-def _undo(report: LaunchReport, runners: Runners, grace_s: float, exc: BaseException) -> None:
+def _undo(report: LaunchReport, settings: RunSettings, runners: Runners, grace_s: float,
+          exc: BaseException) -> None:
     """Release what a failed launch started or leased; say so on the exception."""
     if not any(run_holds(s) for s in report.servers):
         return
     try:
-        undone = stop_servers(report, runners=runners, grace_s=grace_s, check=False)
+        undone = stop_servers(report, settings, runners=runners, grace_s=grace_s, check=False)
     except Exception as undo_exc:  # the launch error matters more; keep both
         exc.add_note(f"releasing the servers this launch started also failed: {undo_exc}")
         return
@@ -254,15 +264,28 @@ def _release(
     )
 
 
+#: ``stop_servers``'s default owner: the one the report names.
+_REPORT_OWNER: Any = object()
+
+
 def stop_servers(
     report: LaunchReport | dict[str, Any],
+    settings: RunSettings,
     *,
+    owner: str | None = _REPORT_OWNER,
     runners: Runners | None = None,
     connect_attempts: int = 3,
     grace_s: float = 30.0,
     check: bool = True,
 ) -> StopReport:
     """Release this run's leases; stop each server no other run leases; confirm it is gone.
+
+    ``report`` is the launch report (``to_dict`` data from XCom, or the object); every server
+    in it is first matched against the deployment's servers of ``settings`` and the commands
+    run with the deployment's facts, so a report naming a host, SSH connection or command
+    prefix the deployment does not have raises XComMismatchError before any command runs.
+    ``owner`` is the lease to release (the DAG passes its run's own, rebuilt from the run id,
+    not XCom's); by default the report's.
 
     Servers the run neither started nor leased are skipped, and so is a reused server that
     no launcher started (no pid file: launched by hand). A stopped server counts as gone when
@@ -271,13 +294,18 @@ def stop_servers(
     cannot be reached.
     """
     if isinstance(report, dict):
-        report = LaunchReport.from_dict(report)
+        report = LaunchReport.from_dict(report, settings)
+    specs = server_specs(settings)
+    # An in-process report is matched too (all its facts): one rule, whoever built it.
+    outcomes = [dataclasses.replace(o, server=trusted_spec(o.server.to_dict(), specs))
+                for o in report.servers]
+    lease = report.owner if owner is _REPORT_OWNER else owner
     own_runners = runners is None
     runners = runners or Runners(connect_attempts=connect_attempts)
     result = StopReport()
     try:
-        for outcome in report.servers:
-            _stop_one(outcome, report.owner, runners, grace_s, result)
+        for outcome in outcomes:
+            _stop_one(outcome, lease, runners, grace_s, result)
     finally:
         if own_runners:
             runners.close()

@@ -7,12 +7,21 @@ task failure whose message names the server and includes its log tail. With
 ``deferrable=False`` the same checks run in the worker (handy for ``airflow dags test`` and
 for tests).
 
+Its one mapped argument, ``server``, comes from XCom, which Op and Admin users can edit over
+the REST API, so it is an identifier only (``{"host", "port"}``). When it runs, the sensor
+rebuilds the run's settings from the run's params (``context["params"]``, bound to the
+deployment settings of the worker's environment, as every task does) and takes from them, never
+from XCom: the server itself (``trusted_spec``: host, SSH connection, command prefix, log
+directory, URL), the model it must serve, the launch timeout and the API key's connection.
+The trigger gets those facts from the sensor; its arguments live in Airflow's database.
+
 The API key is read at run time, in the worker or the triggerer, from the Airflow connection
-named by ``sglang_conn_id``; it is never a task argument, an XCom value or a trigger argument.
+named by the deployment's ``sglang_conn_id``; it is never a task argument, an XCom value or a
+trigger argument.
 
 One sensor per server, mapped over ``LaunchReport.health_targets()``::
 
-    ServerHealthSensor.partial(task_id="wait_for_server").expand_kwargs(launch["health_targets"])
+    ServerHealthSensor.partial(task_id="wait_for_server").expand(server=targets)
 """
 
 from __future__ import annotations
@@ -20,13 +29,21 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from airflow.sdk import BaseSensorOperator
 
-from include.servers.commands import ServerSpec
+from include.servers.checks import ModelExpectation
+from include.servers.report import ident_address, trusted_spec
 from include.servers.triggers import ServerHealthTrigger
+
+if TYPE_CHECKING:
+    from include.settings import RunSettings
+
+#: Airflow's own timeout of a deferred gate, beyond ``launch_timeout_s``: the trigger's
+#: deadline decides, this is a backstop.
+BACKSTOP_S = 120.0
 
 
 class ServerNotReadyError(RuntimeError):
@@ -37,51 +54,67 @@ class ServerHealthSensor(BaseSensorOperator):
     """Wait until one server's ``/health`` is 200 and its ``/v1/models`` fits the run.
 
     A server the launcher started, and one it found loading (another run's, or this run's
-    before a retry), are waited for alike: up to ``timeout_s``, failing at once if the
-    process exits; the model name and context length are checked once it answers.
+    before a retry), are waited for alike: up to setting ``launch_timeout_s``, failing at once
+    if the process exits; the model name and context length are checked once it answers.
 
-    :param server: ``ServerSpec.to_dict()`` (an entry of ``LaunchReport.health_targets()``).
-    :param expected: ``ModelExpectation.to_dict()`` the served model is checked against.
-    :param timeout_s: Longest wait for the server to load (setting ``launch_timeout_s``).
-    :param sglang_conn_id: Airflow connection whose password is the servers' API key (the
-        Bearer key for ``/v1/models``), read when the check runs; None means no key.
+    :param server: The server's identifier, ``{"host", "port"}`` (an entry of
+        ``LaunchReport.health_targets()``); one the deployment does not list fails the gate
+        (XComMismatchError) before any probe.
+    :param settings: The run's settings, for tests that build a deployment in-process; None
+        (in a DAG) rebuilds them when the sensor runs from ``context["params"]`` and the
+        deployment settings of the environment.
     :param deferrable: Wait in the triggerer (default) or in the worker.
     :param process_check_interval: Seconds between checks (over SSH) that the process lives.
     """
 
-    template_fields = ("server", "expected", "timeout_s")
+    # Nothing is rendered: `server` comes from XCom and is matched, never templated.
+    template_fields = ()
 
     def __init__(
         self,
         *,
-        server: dict[str, Any],
-        expected: dict[str, Any],
-        timeout_s: float = 1800.0,
-        sglang_conn_id: str | None = None,
+        server: dict[str, Any] | str,
+        settings: RunSettings | None = None,
         deferrable: bool = True,
         poke_interval: float = 5.0,
         process_check_interval: float = 15.0,
         log_tail_lines: int = 60,
         **kwargs: Any,
     ) -> None:
-        # The trigger's own deadline decides; Airflow's timeout is a backstop a bit later.
-        kwargs.setdefault("timeout", float(timeout_s) + 120.0)
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.server = server
-        self.expected = expected
-        self.timeout_s = timeout_s
-        self.sglang_conn_id = sglang_conn_id
+        self.settings = settings
         self.deferrable = deferrable
         self.process_check_interval = process_check_interval
         self.log_tail_lines = log_tail_lines
 
-    def _trigger(self) -> ServerHealthTrigger:
+    def _settings(self, context: Any) -> RunSettings:
+        from include.settings import RunSettings
+
+        if self.settings is not None:
+            if not isinstance(self.settings, RunSettings):  # never data, e.g. from XCom
+                raise TypeError(f"settings must be RunSettings, not {type(self.settings)}")
+            return self.settings
+        params = context.get("params") if hasattr(context, "get") else None
+        if params is None:
+            raise ServerNotReadyError(
+                f"server {ident_address(self.server)}: no run params in the task context to "
+                "rebuild the run's settings from (run it in a DAG, or pass settings=)"
+            )
+        return RunSettings.from_mapping(params)
+
+    def _trigger(self, context: Any) -> ServerHealthTrigger:
+        """Return the trigger for the deployment's own server, with the settings' checks."""
+        settings = self._settings(context)
+        spec = trusted_spec(self.server, settings)
+        timeout_s = float(settings.launch_timeout_s)
+        self.timeout = timeout_s + BACKSTOP_S
         now = time.time()
         return ServerHealthTrigger(
-            server=self.server,
-            expected=self.expected,
-            deadline=now + float(self.timeout_s),
-            sglang_conn_id=self.sglang_conn_id,
+            server=spec.to_dict(),
+            expected=ModelExpectation.from_settings(settings).to_dict(),
+            deadline=now + timeout_s,
+            sglang_conn_id=settings.deployment.sglang_conn_id,
             poke_interval=self.poke_interval,
             process_check_interval=self.process_check_interval,
             log_tail_lines=self.log_tail_lines,
@@ -90,7 +123,7 @@ class ServerHealthSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool:
         """Check the server once: True when ready, False while loading; raise on failure."""
-        payload = asyncio.run(_check_once(self._trigger(), check_process=True))
+        payload = asyncio.run(_check_once(self._trigger(context), check_process=True))
         if payload["status"] == "waiting":
             self.log.info("server %s: %s", payload["server"], payload["message"])
             return False
@@ -99,27 +132,28 @@ class ServerHealthSensor(BaseSensorOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Return the check result when ready; defer (or wait here) while the server loads."""
-        trigger = self._trigger()
+        trigger = self._trigger(context)
         if not self.deferrable:
             payload = asyncio.run(_first_event(trigger))
             return self.execute_complete(context, payload)
         payload = asyncio.run(_check_once(trigger, check_process=False))
         if payload["status"] != "waiting":
             return self.execute_complete(context, payload)
+        wait_s = trigger.deadline - trigger.started_at
         self.log.info(
             "server %s not ready (%s); deferring for up to %.0f s",
-            payload["server"], payload["message"], float(self.timeout_s),
+            payload["server"], payload["message"], wait_s,
         )  # fmt: skip
         self.defer(
             trigger=trigger,
             method_name="execute_complete",
-            timeout=timedelta(seconds=float(self.timeout_s) + 120.0),
+            timeout=timedelta(seconds=wait_s + BACKSTOP_S),
         )
         raise AssertionError("unreachable: defer() raises")  # pragma: no cover
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Return the event payload on success; raise ServerNotReadyError on any other event."""
-        name = ServerSpec.from_dict(self.server).name
+        name = ident_address(self.server)
         if not event:
             raise ServerNotReadyError(f"server {name}: the health trigger returned no event")
         if event.get("status") != "success":

@@ -105,7 +105,9 @@ async def read_api_key(sglang_conn_id: str | None) -> str | None:
 class ServerHealthTrigger(BaseTrigger):
     """Fire once when a server is healthy and checked, or when it failed or ran out of time.
 
-    :param server: ``ServerSpec.to_dict()`` of the server (URL, host, SSH connection, paths).
+    :param server: ``ServerSpec.to_dict()`` of the server (URL, host, SSH connection, paths):
+        the deployment's own spec, matched by the sensor (``trusted_spec``). It is a trigger
+        argument, stored in Airflow's database, which users cannot edit as they can XCom.
     :param expected: ``ModelExpectation.to_dict()``: model name, context length, token budget.
     :param deadline: Absolute time (epoch seconds) after which waiting fails; absolute so a
         triggerer restart does not extend it.

@@ -69,16 +69,27 @@ def small_run(tmp_path_factory, tokenizer_dir) -> Iterator[dict[str, Any]]:
         assert len(generating) == 1
         yield {"root": str(out), "generating": generating[0],
                "report": f"{settings.run_name}/report/manual__first_two/report.html",
-               "journal": f"{settings.run_name}/{journal}"}
+               "journal": f"{settings.run_name}/{journal}",
+               "ports": [p.port for p in servers]}
     finally:
         for p in servers:
             p.stop()
 
 
+def _own_servers(ports: list[int]) -> dict[str, str]:
+    """Return the deployment settings listing the stand-ins as its servers: the monitor
+    probes only the deployment's own (``gpu_hosts`` x ``port_base`` + GPU)."""
+    base = min(*ports, 65000)
+    return {"REGEN_GPU_HOSTS": json.dumps([{"host": "127.0.0.1",
+                                             "gpus": [p - base for p in ports]}]),
+            "REGEN_PORT_BASE": str(base)}
+
+
 def _airflow(tmp_path_factory, small_run, auth_manager: str, users: dict[str, str]
              ) -> Iterator[AirflowServer]:
+    env = {"REGEN_OUTPUT_ROOT": small_run["root"], **_own_servers(small_run["ports"])}
     with airflow_server(tmp_path_factory.mktemp(auth_manager), auth_manager=auth_manager,
-                        users=users, env={"REGEN_OUTPUT_ROOT": small_run["root"]}) as server:
+                        users=users, env=env) as server:
         yield server
 
 

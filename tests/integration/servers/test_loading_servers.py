@@ -29,10 +29,11 @@ RUN_A, RUN_B = "regenerate_drafter_data/run A", "regenerate_drafter_data/backfil
 LOAD_S = 5
 
 
-def gate(target: dict[str, Any]) -> dict[str, Any]:
+def gate(target: dict[str, Any], settings: RunSettings) -> dict[str, Any]:
     """Run one server's health gate in the worker (the DAG defers the same trigger)."""
-    sensor = ServerHealthSensor(task_id=f"wait_{target['server']['port']}", **target,
-                                deferrable=False, poke_interval=0.2, process_check_interval=0.5)
+    sensor = ServerHealthSensor(task_id=f"wait_{target['port']}", server=target,
+                                settings=settings, deferrable=False, poke_interval=0.2,
+                                process_check_interval=0.5)
     return sensor.execute({})
 
 
@@ -41,15 +42,15 @@ def test_loading_servers_are_leased_by_another_run_and_a_retry_then_gated(
 ) -> None:
     hosts = [{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0, 1]}]
     loading_args = [*FAST_ARGS, "--standin-load-seconds", str(LOAD_S)]
-    a = launch_servers(make_settings(hosts=hosts, extra_server_args=loading_args), owner=RUN_A)
+    run_a = make_settings(hosts=hosts, extra_server_args=loading_args)
+    a = launch_servers(run_a, owner=RUN_A)
     assert [s.action for s in a.servers] == ["started", "started"], a.summary()
 
     # Another run (which wants another context length, unknowable while loading) and a retry
     # of run A's launch task meet both servers loading: no wait, no failure, a lease each.
     other = make_settings(hosts=hosts, extra_server_args=loading_args, context_length=2048)
     b = launch_servers(other, owner=RUN_B)
-    retry = launch_servers(make_settings(hosts=hosts, extra_server_args=loading_args),
-                           owner=RUN_A)
+    retry = launch_servers(run_a, owner=RUN_A)
     assert not any(answers(url) for url in a.urls), "still loading: the test's premise"
     for report, ours in ((b, False), (retry, True)):
         assert [s.action for s in report.servers] == ["loading", "loading"], report.summary()
@@ -62,17 +63,17 @@ def test_loading_servers_are_leased_by_another_run_and_a_retry_then_gated(
     # GPU 0's process dies while loading: its gate fails at once, saying so.
     os.killpg(a.servers[0].pid, signal.SIGKILL)
     with pytest.raises(ServerNotReadyError, match="exited before /health answered 200"):
-        gate(b.health_targets()[0])
+        gate(b.health_targets()[0], other)
     # GPU 1's gate waits for its port, then checks model name and context length.
-    payload = gate(retry.health_targets()[1])
+    payload = gate(retry.health_targets()[1], run_a)
     assert payload["status"] == "success"
     assert payload["models"]["data"][0]["max_model_len"] == 4096
     with pytest.raises(ServerNotReadyError, match="max_model_len 4096.*`context_length` is 2048"):
-        gate(b.health_targets()[1])
+        gate(b.health_targets()[1], other)
 
     # Run B's teardown releases its leases only; run A's stops both (the dead one is gone).
-    first = stop_servers(b)
+    first = stop_servers(b, other)
     assert first.stopped == [] and len(first.kept) == 2 and RUN_A in first.kept[1]
-    last = stop_servers(retry)
+    last = stop_servers(retry, run_a)
     assert len(last.stopped) == 2 and last.left_behind == [] and last.kept == []
     assert not any(answers(url) for url in a.urls)

@@ -29,7 +29,6 @@ from include.servers.report import LaunchReport
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger
 from include.settings import RunSettings
-from tests.fixtures.settings import api_key_connection
 from tests.integration.servers.helpers import answers, wait_answering
 
 SettingsFactory = Callable[..., RunSettings]
@@ -48,10 +47,13 @@ def run_trigger(trigger: ServerHealthTrigger) -> dict[str, Any]:
     return asyncio.run(first())
 
 
-def sensor_for(target: dict[str, Any], **kwargs: Any) -> ServerHealthSensor:
+def sensor_for(target: dict[str, Any], settings: RunSettings, **kwargs: Any
+               ) -> ServerHealthSensor:
+    """Return the gate of one server (its identifier, as XCom carries it) for ``settings``."""
     kwargs.setdefault("poke_interval", 0.2)
     kwargs.setdefault("process_check_interval", 0.5)
-    return ServerHealthSensor(task_id=f"wait_{target['server']['port']}", **target, **kwargs)
+    return ServerHealthSensor(task_id=f"wait_{target['port']}", server=target,
+                              settings=settings, **kwargs)
 
 
 def processes_args() -> str:
@@ -66,31 +68,28 @@ def test_cold_start_gate_reuse_preflight_and_teardown(
 ) -> None:
     # A harmless real container prefix: every remote command runs through `nice -n 0 sh -c`.
     key = "sk-test-" + uuid.uuid4().hex
-    settings = make_settings(
-        hosts=[
-            {"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0, 1],
-             "command_prefix": "nice -n 0"}
-        ],
-        api_key=key,
-    )  # fmt: skip
+    hosts = [{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0, 1],
+              "command_prefix": "nice -n 0"}]
+    settings = make_settings(hosts=hosts, api_key=key)
     caplog.set_level(logging.INFO)
     report = launch_servers(settings, owner="regenerate/run-1")
     assert [s.action for s in report.servers] == ["started", "started"], report.summary()
     assert all(s.pid for s in report.started)
-    targets = report.to_dict()["health_targets"]
-    assert key not in json.dumps(report.to_dict())  # XCom holds the connection's name only
-    assert {t["sglang_conn_id"] for t in targets} == {settings.deployment.sglang_conn_id}
+    targets = report.health_targets()
+    assert key not in json.dumps(report.to_dict())  # XCom holds no key, nor a connection's
+    assert "nice -n 0" not in json.dumps(report.to_dict())  # nor a host fact
 
     # Cold start: the sensor finds the server loading and defers; the trigger then waits.
-    first = sensor_for(targets[0])
+    first = sensor_for(targets[0], settings)
     with pytest.raises(TaskDeferred) as deferred:
         first.execute({})
     assert key not in json.dumps(deferred.value.trigger.serialize()[1])
+    assert deferred.value.trigger.sglang_conn_id == settings.deployment.sglang_conn_id
     payload = run_trigger(deferred.value.trigger)
     assert payload["status"] == "success", payload["message"]
     assert first.execute_complete({}, payload)["models"]["data"][0]["max_model_len"] == 4096
     # The non-deferrable mode runs the same checks in the worker.
-    second = sensor_for(targets[1], deferrable=False)
+    second = sensor_for(targets[1], settings, deferrable=False)
     assert second.execute({})["status"] == "success"
 
     # The servers hold the key (a request without it is refused) and no command line has it.
@@ -105,19 +104,21 @@ def test_cold_start_gate_reuse_preflight_and_teardown(
     assert key not in caplog.text  # not logged either, masked or not
 
     # A wrong key is caught by the gate, naming the connection to fix.
-    wrong = api_key_connection("sk-wrong-" + uuid.uuid4().hex)
+    wrong_key = make_settings(hosts=hosts, api_key="sk-wrong-" + uuid.uuid4().hex)
+    wrong = wrong_key.deployment.sglang_conn_id
     with pytest.raises(ServerNotReadyError, match=f"401 Unauthorized.*{wrong}"):
-        sensor_for({**targets[0], "sglang_conn_id": wrong}, deferrable=False).execute({})
+        sensor_for(targets[0], wrong_key, deferrable=False).execute({})
 
     # max_tokens at the context length is accepted: each request's budget keeps it safe.
-    at_context = ModelExpectation("standin-qwen", 4096, max_tokens=4096).to_dict()
-    assert sensor_for({**targets[0], "expected": at_context}, deferrable=False).execute({})
+    at_context = make_settings(hosts=hosts, api_key=key, max_tokens=4096)
+    assert ModelExpectation.from_settings(at_context).max_tokens == 4096
+    assert sensor_for(targets[0], at_context, deferrable=False).execute({})
 
     # A second launch (another run) reuses both and leases them; its teardown keeps them.
     again = launch_servers(settings, owner="regenerate/run-2")
     assert [s.action for s in again.servers] == ["reused", "reused"]
     assert again.started == [] and all(s.leased for s in again.servers)
-    released = stop_servers(again)
+    released = stop_servers(again, settings)
     assert released.stopped == [] and len(released.kept) == 2
     assert "regenerate/run-1" in released.kept[0]
     # A retry of the first run's launch task still owns its servers.
@@ -133,7 +134,7 @@ def test_cold_start_gate_reuse_preflight_and_teardown(
     with pytest.raises(PreflightError, match="exceeds the model's maximum context length"):
         asyncio.run(preflight(report.urls, messages, 4096, {}, "standin-qwen", key, 30))
 
-    stopped = stop_servers(LaunchReport.from_dict(report.to_dict()))
+    stopped = stop_servers(LaunchReport.from_dict(report.to_dict(), settings), settings)
     assert len(stopped.stopped) == 2 and stopped.left_behind == []
     assert not any(answers(url) for url in report.urls)
     assert not [p for p in paths if os.path.exists(p.config_file)]  # the key file went too
@@ -163,9 +164,9 @@ def test_mismatch_is_reported_and_replaced_only_when_asked(
     (outcome,) = new.servers
     assert outcome.action == "replaced" and outcome.started_by_this_run
     assert outcome.pid != old_pid and outcome.differences
-    payload = sensor_for(new.health_targets()[0], deferrable=False).execute({})
+    payload = sensor_for(new.health_targets()[0], replace, deferrable=False).execute({})
     assert payload["models"]["data"][0]["max_model_len"] == 2048
-    assert stop_servers(new).left_behind == []
+    assert stop_servers(new, replace).left_behind == []
 
 
 def test_server_that_exits_at_start_fails_with_its_log_tail_redacted(
@@ -182,7 +183,7 @@ def test_server_that_exits_at_start_fails_with_its_log_tail_redacted(
     target = report.health_targets()[0]
     started = time.monotonic()
     with pytest.raises(ServerNotReadyError) as err:
-        sensor_for(target, deferrable=False).execute({})
+        sensor_for(target, settings, deferrable=False).execute({})
     assert time.monotonic() - started < 30  # noticed by the pid check, not the 60 s deadline
     text = str(err.value)
     assert "127.0.0.1" in text and "exited before /health answered 200" in text
@@ -193,23 +194,23 @@ def test_server_that_exits_at_start_fails_with_its_log_tail_redacted(
     assert key in Path(report.servers[0].server.paths.log_file).read_text()
     # v0.5.23 logs a dict (`'api_key': '...'`), v0.5.6 a repr (`api_key='...'`).
     assert re.search(r"api_key'?(=|: )'\*\*\*'", tail) and key not in text
-    stopped = stop_servers(report)
+    stopped = stop_servers(report, settings)
     assert stopped.left_behind == [] and "not-running" in stopped.stopped[0]
 
 
 def test_deadline_failure_carries_the_log_tail(make_settings: SettingsFactory) -> None:
-    settings = make_settings(
-        hosts=[{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0]}],
-        extra_server_args=["--standin-warmup-seconds", "60"],
-    )
+    hosts = [{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0]}]
+    slow = ["--standin-warmup-seconds", "60"]
+    settings = make_settings(hosts=hosts, extra_server_args=slow)
     report = launch_servers(settings)
-    target = {**report.health_targets()[0], "timeout_s": 4}
+    # The gate's timeout is the run's `launch_timeout_s` (never XCom's).
+    short = make_settings(hosts=hosts, extra_server_args=slow, launch_timeout_s=4)
     with pytest.raises(ServerNotReadyError) as err:
-        sensor_for(target, deferrable=False).execute({})
+        sensor_for(report.health_targets()[0], short, deferrable=False).execute({})
     text = str(err.value)
     assert "not healthy after" in text and "`launch_timeout_s`" in text
     assert "server_args=" in text  # the first line of the server's own log
-    assert stop_servers(report).left_behind == []
+    assert stop_servers(report, settings).left_behind == []
 
 
 @pytest.mark.parametrize(
@@ -236,8 +237,7 @@ def test_local_host_without_ssh(make_settings: SettingsFactory) -> None:
     settings = make_settings(hosts=[{"host": "127.0.0.1", "gpus": [1]}])
     report = launch_servers(settings)
     assert report.servers[0].server.ssh_conn_id is None
-    assert sensor_for(report.health_targets()[0], deferrable=False).execute({})["status"] == (
-        "success"
-    )
-    assert len(stop_servers(report).stopped) == 1
+    gate = sensor_for(report.health_targets()[0], settings, deferrable=False)
+    assert gate.execute({})["status"] == "success"
+    assert len(stop_servers(report, settings).stopped) == 1
     assert not answers(report.urls[0])

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
-from include.reporting.monitor import RATE_WINDOW_S, RunMonitor, is_report_file, journal_rate
+from include.reporting.monitor import (
+    NOT_OURS,
+    RATE_WINDOW_S,
+    RunMonitor,
+    is_report_file,
+    journal_rate,
+)
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
 from tests.unit.reporting.synthetic_run import T0, ShardSpec, write_prompts_manifest, write_shard
@@ -241,7 +253,7 @@ def test_live_runs_lists_each_run_once_per_ttl_and_never_the_whole_store(tmp_pat
 def test_servers_are_probed_once_per_ttl(tmp_path, monkeypatch) -> None:
     _two_runs(tmp_path)  # both runs' journals name the same two servers
     probed: list[str] = []
-    monitor = RunMonitor(LocalStore(tmp_path), ttl_s=60.0)
+    monitor = RunMonitor(LocalStore(tmp_path), ttl_s=60.0, own_servers={("s0", 1), ("s1", 1)})
     monkeypatch.setattr(monitor, "_probe", lambda url: probed.append(url) or "healthy")
     monitor.live_runs()
     monitor.live_runs()
@@ -283,10 +295,91 @@ def test_a_server_answering_health_after_sglangs_one_second_sleep_is_shown_healt
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         # Asked for the old 1 s timeout, the probe still waits past SGLang's sleep.
-        monitor = RunMonitor(LocalStore(tmp_path), probe_timeout_s=1.0)
+        monitor = RunMonitor(LocalStore(tmp_path), probe_timeout_s=1.0,
+                             own_servers={("127.0.0.1", server.server_address[1])})
         now = time.time()
         (shown,) = monitor._servers({url: now}, now, probe=True)
         assert shown["health"] == "healthy"
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- only the deployment's own servers are probed ------------------------------------------
+class _Counting(BaseHTTPRequestHandler):
+    """Answer 200 to every GET and count them; or redirect to ``location`` when it is set."""
+
+    hits: list[str]
+    location: str | None = None
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        self.send_response(302 if self.location else 200)
+        if self.location:
+            self.send_header("Location", self.location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _http_server(location: str | None = None) -> Iterator[tuple[str, list[str]]]:
+    hits: list[str] = []
+    handler = type("Handler", (_Counting,), {"hits": hits, "location": location})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_only_the_deployments_own_servers_are_probed(tmp_path) -> None:
+    # A file the probe would read if a journal's file:// URL were opened.
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "health").write_text("private")
+    with _http_server() as (ours, our_hits), _http_server() as (theirs, their_hits):
+        port = int(ours.rsplit(":", 1)[1])
+        monitor = RunMonitor(LocalStore(tmp_path), own_servers={("127.0.0.1", port)})
+        listed = [ours, theirs, f"file://{tmp_path}/secret", f"http://u:p@127.0.0.1:{port}",
+                  f"{ours}/v1", f"https://127.0.0.1:{port}", f"{ours}?x=1"]
+        now = time.time()
+        shown = {s["url"]: s["health"] for s in monitor._servers(dict.fromkeys(listed, now),
+                                                                 now, probe=True)}
+    assert shown.pop(ours) == "healthy" and our_hits == ["/health"]
+    assert their_hits == []
+    assert set(shown.values()) == {NOT_OURS}, shown  # every other URL: shown, never requested
+
+
+def test_a_probe_follows_no_redirect_off_the_deployments_server(tmp_path) -> None:
+    with _http_server() as (elsewhere, hits), _http_server(location=elsewhere + "/x") as (
+            ours, _):
+        port = int(ours.rsplit(":", 1)[1])
+        monitor = RunMonitor(LocalStore(tmp_path), own_servers={("127.0.0.1", port)})
+        now = time.time()
+        (shown,) = monitor._servers({ours: now}, now, probe=True)
+    assert shown["health"].startswith("down") and hits == []
+
+
+def test_by_default_nothing_is_probed(tmp_path, monkeypatch) -> None:
+    _two_runs(tmp_path)
+    monitor = RunMonitor(LocalStore(tmp_path))
+    monkeypatch.setattr(monitor, "_probe", lambda url: pytest.fail(f"probed {url}"))
+    loc = monitor.live_runs()[0]["locations"][0]
+    assert {s["health"] for s in loc["servers"]} == {NOT_OURS}
+
+
+def test_the_deployments_server_addresses_cover_every_tp_size() -> None:
+    from include.servers.report import own_server_url, server_addresses
+    from tests.fixtures.settings import deployment_settings
+
+    d = deployment_settings(gpu_hosts=[{"host": "GPU-A", "gpus": [0, 1, 2, 3]}], port_base=31000)
+    assert server_addresses(d) == {("gpu-a", 31000 + g) for g in range(4)}
+    assert own_server_url("http://gpu-a:31002/", server_addresses(d)) == "http://gpu-a:31002"
+    for url in ("http://gpu-a:31004", "file:///etc/passwd", "http://gpu-a", "gopher://gpu-a:31000",
+                "http://gpu-a:99999", None):
+        assert own_server_url(url, server_addresses(d)) is None

@@ -22,6 +22,7 @@ from include.servers.decisions import (
     stopped_meanwhile,
 )
 from include.servers.report import LaunchReport, ServerOutcome
+from tests.fixtures.settings import run_settings
 
 EXPECTED = ModelExpectation("qwen", 32768)
 SPEC = ServerSpec("gpu-a", 1, 30001, "ssh_gpu", "/tmp/sglang-regen", None)
@@ -95,8 +96,10 @@ def test_a_loading_server_serves_the_run_under_its_lease_and_is_no_problem() -> 
     assert not loading_outcome(SPEC, None, False, ALIVE).leased
     report = LaunchReport([theirs], EXPECTED, 1800.0, "dag/run 2")
     assert report.urls == [SPEC.url] and report.problems == []
-    assert [t["server"]["port"] for t in report.health_targets()] == [SPEC.port]
-    assert LaunchReport.from_dict(report.to_dict()) == report
+    assert report.health_targets() == [{"host": "gpu-a", "port": SPEC.port}]
+    deployment = run_settings({"gpu_hosts": [{"host": "gpu-a", "ssh_conn_id": "ssh_gpu",
+                                              "gpus": [1]}]})
+    assert LaunchReport.from_dict(report.to_dict(), deployment).servers == report.servers
     # Its teardown releases the lease: the last one stops it, as for a reused server.
     assert stop_verdict(theirs) is None
     kept = stop_verdict(theirs, {"outcome": "kept", "leases": "1", "holders": "dag/run 1"})

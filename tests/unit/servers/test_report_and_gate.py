@@ -16,9 +16,16 @@ from include.servers.launcher import launch_servers, stop_servers
 from include.servers.report import LaunchError, LaunchReport, ServerOutcome
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger, read_api_key
-from include.settings import SettingsError
+from include.settings import RunSettings, SettingsError
 from sglang_standin.process import free_port
 from tests.fixtures.settings import api_key_connection, run_settings
+
+#: The deployment of the report below: one host over SSH, through a container prefix.
+SETTINGS = run_settings({
+    "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": "ssh_gpu", "gpus": [0, 1, 2],
+                   "command_prefix": "nice -n 0"}],
+    "served_model_name": "qwen", "context_length": 32768, "launch_timeout_s": 1800,
+}, sglang_conn_id="sglang_prod")
 
 
 def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
@@ -26,7 +33,7 @@ def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
 
 
 def report() -> LaunchReport:
-    e = ModelExpectation("qwen", 32768)
+    e = ModelExpectation.from_settings(SETTINGS)
     return LaunchReport(
         [
             ServerOutcome(spec(30000, 0), "started", True, 101, "log ...", leased=True),
@@ -43,16 +50,16 @@ def report() -> LaunchReport:
 def test_report_is_json_data_and_round_trips() -> None:
     r = report()
     data = json.loads(json.dumps(r.to_dict()))
-    back = LaunchReport.from_dict(data)
+    back = LaunchReport.from_dict(data, SETTINGS)
     assert back == r
     assert [s.server.port for s in back.started] == [30000]
     assert [s.leased for s in back.servers] == [True, True, False]
     assert [s.server.port for s in back.problems] == [30002]
     assert back.urls == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
-    assert len(data["health_targets"]) == 3
-    assert data["health_targets"][0]["expected"]["model_name"] == "qwen"
-    # The sensors get the connection's name and read the key themselves, at run time.
-    assert {t["sglang_conn_id"] for t in data["health_targets"]} == {"sglang_prod"}
+    # The sensors get identifiers only; they rebuild expectation, timeout and key connection.
+    assert back.health_targets() == [{"host": "127.0.0.1", "port": p} for p in (30000, 30001,
+                                                                                 30002)]
+    assert back.idents == back.health_targets()[:2]
     assert "api_key" not in json.dumps(data)
     assert "30002 (GPU 2): mismatched: max_model_len 4096" in r.summary()
 
@@ -76,7 +83,7 @@ def test_a_remote_host_without_a_key_is_refused_before_any_ssh() -> None:
 def test_stop_skips_servers_this_run_neither_started_nor_leased() -> None:
     r = report()
     r.servers = [s for s in r.servers if not (s.started_by_this_run or s.leased)]
-    out = stop_servers(r.to_dict())
+    out = stop_servers(r.to_dict(), SETTINGS)
     assert out.stopped == [] and out.left_behind == [] and len(out.skipped) == 1
 
 
@@ -120,20 +127,29 @@ def test_trigger_gives_up_at_the_deadline_with_the_log_note() -> None:
     assert f"server-{port}.log" in payload["message"]
 
 
-def sensor(port: int, **kwargs: Any) -> ServerHealthSensor:
-    t = trigger(port)
-    return ServerHealthSensor(
-        task_id="wait_for_server", server=t.server, expected=t.expected, **kwargs
-    )
+def local_settings(port: int, **values: Any) -> RunSettings:
+    """Return a deployment whose one server is ``127.0.0.1:port``, without SSH."""
+    return run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}], "port_base": port,
+                         "server_log_dir": "/nonexistent-dir", **values})
+
+
+def sensor(port: int, settings: RunSettings | None = None, **kwargs: Any) -> ServerHealthSensor:
+    return ServerHealthSensor(task_id="wait_for_server", server={"host": "127.0.0.1", "port": port},
+                              settings=settings or local_settings(port), **kwargs)
 
 
 def test_sensor_defers_to_the_trigger_while_the_server_is_down() -> None:
-    s = sensor(free_port(), timeout_s=300, poke_interval=1, sglang_conn_id="sglang_prod")
+    port = free_port()
+    settings = local_settings(port, launch_timeout_s=300, served_model_name="qwen")
+    s = sensor(port, settings, poke_interval=1)
     with pytest.raises(TaskDeferred) as deferred:
         s.execute({})
     t = deferred.value.trigger
     assert isinstance(t, ServerHealthTrigger)
-    assert t.sglang_conn_id == "sglang_prod"
+    # Everything the trigger gets comes from the settings: server, timeout, model, key's name.
+    assert t.sglang_conn_id == settings.deployment.sglang_conn_id
+    assert t.server == server_specs(settings)[0].to_dict()
+    assert t.expected == ModelExpectation.from_settings(settings).to_dict()
     assert 290 < t.deadline - time.time() <= 300
     assert deferred.value.method_name == "execute_complete"
 
@@ -152,5 +168,5 @@ def test_sensor_turns_an_error_event_into_a_clear_failure() -> None:
 
 def test_specs_from_settings_feed_the_sensor() -> None:
     s = run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0, 1]}]})
-    targets = [x.to_dict() for x in server_specs(s)]
-    assert ServerHealthSensor(task_id="t", server=targets[1], expected={}).server["port"] == 30001
+    targets = [x.ident for x in server_specs(s)]
+    assert ServerHealthSensor(task_id="t", server=targets[1]).server["port"] == 30001
