@@ -1,23 +1,40 @@
-"""One run generates a shard at a time: each run claims the shard, the earliest live claim goes.
+"""One run generates a shard at a time: who may take a shard's next lease generation, and when.
 
 Two runs can select the same shard: a shard-range backfill triggered while the first run is
-still generating, or a run re-triggered before the last one ended. The journal keeps the
-output exactly-once either way (records merge by prompt id), but both runs would spend GPU
-time on the same prompts. So a run writes a claim (``journal/<shard>/claims/<run>.json``,
-create-only; a retry of the same run keeps its first claim and its place) and waits while a
-run that claimed earlier is still live; it goes on as soon as that run ends (whatever its
-state: its journal is resumed) or the shard's output appears (then there is nothing to do).
-Claims of runs that are no longer live never block anyone.
+still generating, or a run re-triggered before the last one ended; and two tries of one run
+can overlap (a zombie try Airflow gave up on, and its retry). The journal keeps the output
+exactly-once either way (records merge by prompt id), but both would spend GPU time on the
+same prompts, and only one may publish. So each generating try holds the shard's lease
+(``include.generation.lease``: create-only generations, a heartbeat, a fencing token), and a
+try that finds it held waits:
+
+* held and renewed: wait (whoever holds it, this run's own zombie try included);
+* held, no renewal seen for the holder's TTL (by this machine's monotonic clock): the
+  holder is dead; take the next generation (its journal is resumed);
+* released incomplete (the holder failed): take the next generation at once;
+* released complete (the holder generated every prompt; its upload is still to come): wait
+  while the holder's run is live, so its upload publishes and this try finds the shard done;
+  take over when that run ended, or when it is this run (this try is the retry of that one).
+
+Airflow decides only that last case, and fails closed: a run whose state cannot be read
+counts as live (waiting costs time; a wrong "dead" costs a second writer).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections.abc import Callable
 
+from include.generation.lease import (
+    LEASE_TTL_S,
+    Lease,
+    LeaseState,
+    count_beats,
+    new_holder,
+    newest,
+    try_take,
+)
 from include.storage import Store
 
 log = logging.getLogger(__name__)
@@ -26,80 +43,119 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("queued", "running")
 
 
-def claim_prefix(journal_prefix: str) -> str:
-    """Return the prefix of a shard's claims, under its journal."""
-    return f"{journal_prefix}/claims/"
+class LeaseBusy(TimeoutError):
+    """The shard stayed held by another holder for the whole wait."""
 
 
-def _safe(run_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_") or "run"
+class _Watch:
+    """The newest generation's renewals as this waiter saw them, on its own monotonic clock."""
+
+    def __init__(self) -> None:
+        self.generation = -1
+        self.beats = 0
+        self.since = 0.0
+
+    def quiet_for(self, store: Store, prefix: str, state: LeaseState) -> float:
+        """Return how long generation ``state`` has written no renewal, as seen from here."""
+        now = time.monotonic()
+        if state.generation != self.generation:
+            self.generation, self.since = state.generation, now
+            self.beats = count_beats(store, prefix, state.generation)
+            return 0.0
+        beats = count_beats(store, prefix, state.generation, self.beats)
+        if beats != self.beats:
+            self.beats, self.since = beats, now
+        return now - self.since
 
 
-def claim(store: Store, journal_prefix: str, run_id: str, now: float | None = None) -> None:
-    """Record that ``run_id`` wants to generate the shard (kept if it already did)."""
-    key = claim_prefix(journal_prefix) + _safe(run_id) + ".json"
-    if not store.exists(key):
-        body = {"run_id": run_id, "claimed_at": time.time() if now is None else now}
-        store.write_new(key, json.dumps(body).encode())
+def _may_take(state: LeaseState | None, watch: _Watch, store: Store, prefix: str,
+              run_id: str | None, is_live: Callable[[str], bool] | None) -> str | None:
+    """Return why the next generation may be taken now, or None to keep waiting."""
+    if state is None:
+        return "never leased"
+    if state.released is not None:
+        if not state.released.get("complete"):
+            return f"generation {state.generation} was released unfinished"
+        holder_run = state.run_id
+        if holder_run is None or holder_run == run_id or is_live is None:
+            return f"generation {state.generation} finished generating"
+        if not is_live(holder_run):
+            return f"run {holder_run} finished generating it but ended unpublished"
+        return None
+    quiet = watch.quiet_for(store, prefix, state)
+    if quiet > state.ttl_s:
+        return (f"generation {state.generation} ({state.body.get('holder')}) has not renewed "
+                f"for {quiet:.0f}s (ttl {state.ttl_s:.0f}s)")
+    return None
 
 
-def runs_ahead(store: Store, journal_prefix: str, run_id: str,
-               is_live: Callable[[str], bool]) -> list[str]:
-    """Return the live runs that claimed the shard before ``run_id`` (ties by run id)."""
-    claims = [json.loads(store.read(k)) for k in store.list(claim_prefix(journal_prefix))
-              if k.endswith(".json")]
-    mine = next((c for c in claims if c["run_id"] == run_id), None)
-    if mine is None:
-        return []
-    place = (mine["claimed_at"], run_id)
-    return [c["run_id"] for c in claims
-            if c["run_id"] != run_id and (c["claimed_at"], c["run_id"]) < place
-            and is_live(c["run_id"])]
+def wait_for_turn(store: Store, shard_id: str, journal_prefix: str, run_id: str | None,
+                  is_live: Callable[[str], bool] | None, done: Callable[[], bool],
+                  poll_s: float = 5.0, timeout_s: float | None = None,
+                  ttl_s: float = LEASE_TTL_S) -> Lease | None:
+    """Wait for the shard's lease and take it; return it started, or None once the shard is
+    done (its output published meanwhile: nothing left to generate).
 
-
-def wait_for_turn(store: Store, shard_id: str, journal_prefix: str, run_id: str,
-                  is_live: Callable[[str], bool], done: Callable[[], bool],
-                  poll_s: float = 5.0, timeout_s: float | None = None) -> bool:
-    """Claim the shard and wait while an earlier live claim holds it.
-
-    Return True when the shard got done meanwhile (nothing left to generate), False when it
-    is this run's turn. ``timeout_s`` (None: no limit; the task's execution_timeout bounds
-    it) ends the wait with this run's turn, logged as a warning.
+    ``is_live(run_id)`` says whether a run may still publish (see the module docstring);
+    ``ttl_s`` is the TTL this holder declares. ``timeout_s`` (None: no limit; the task's
+    execution_timeout bounds it) raises LeaseBusy: starting anyway would make two writers.
     """
-    claim(store, journal_prefix, run_id)
+    holder = new_holder(run_id)
+    watch = _Watch()
     began = time.monotonic()
-    announced: list[str] = []
+    announced: str | None = None
     while True:
         if done():
             log.info("%s: generated meanwhile by another run; nothing to do", shard_id)
-            return True
-        ahead = runs_ahead(store, journal_prefix, run_id, is_live)
-        if not ahead:
-            if announced:
-                log.info("%s: run(s) %s no longer generate it; starting", shard_id, announced)
-            return False
-        if ahead != announced:
-            log.info("%s: being generated by run(s) %s, which claimed it first; waiting for "
-                     "them to finish (this run resumes their journal if they stop)",
-                     shard_id, ahead)
-            announced = ahead
+            return None
+        state = newest(store, journal_prefix)
+        why = _may_take(state, watch, store, journal_prefix, run_id, is_live)
+        if why is not None:
+            generation = 1 if state is None else state.generation + 1
+            lease = try_take(store, journal_prefix, generation, holder, run_id, ttl_s)
+            if lease is None:
+                continue  # another waiter won this generation: look at it afresh
+            if done():  # published between the check and the take: hand the lease back
+                lease.release(complete=True)
+                log.info("%s: generated meanwhile by another run; nothing to do", shard_id)
+                return None
+            if announced is not None:
+                log.info("%s: %s; starting", shard_id, why)
+            return lease.start()
+        assert state is not None
+        who = f"{state.body.get('holder')} (generation {state.generation})"
+        if who != announced:
+            log.info("%s: being generated by %s; waiting for it to finish (this try resumes "
+                     "its journal if it stops)", shard_id, who)
+            announced = who
         if timeout_s is not None and time.monotonic() - began >= timeout_s:
-            log.warning("%s: still claimed by %s after %.0fs; starting anyway", shard_id,
-                        ahead, timeout_s)
-            return False
+            raise LeaseBusy(f"{shard_id}: still held by {who} after {timeout_s:.0f}s; not "
+                            "starting a second writer")
         time.sleep(poll_s)
 
 
+def _not_found(exc: Exception) -> bool:
+    """Return whether Airflow answered that the run does not exist (HTTP 404)."""
+    detail = getattr(getattr(exc, "error", None), "detail", None)
+    return isinstance(detail, dict) and detail.get("status_code") == 404
+
+
 def airflow_run_is_live(dag_id: str) -> Callable[[str], bool]:
-    """Return whether a run of ``dag_id`` is still queued or running, asked of Airflow."""
+    """Return whether a run of ``dag_id`` is still queued or running, asked of Airflow.
+
+    Fails closed: any error but "no such run" counts the run as live.
+    """
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     def is_live(run_id: str) -> bool:
         try:
             return RuntimeTaskInstance.get_dagrun_state(dag_id, run_id) in LIVE_STATES
-        except Exception as exc:  # noqa: BLE001 - an unknown run (deleted) blocks nobody
-            log.info("run %s of %s: state unknown (%s); not waiting for it", run_id, dag_id,
-                     exc)
-            return False
+        except Exception as exc:  # noqa: BLE001 - unknown is live: never a second writer
+            if _not_found(exc):
+                log.info("run %s of %s no longer exists; not waiting for it", run_id, dag_id)
+                return False
+            log.warning("run %s of %s: state unknown (%s); counting it as live", run_id,
+                        dag_id, exc)
+            return True
 
     return is_live

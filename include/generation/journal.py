@@ -10,6 +10,8 @@ so no prompt appears twice. Two forms behind one interface:
   another worker resumes too. One writer thread puts the segments, in order, off the event
   loop (a slow PUT never stalls requests or health probes); see its docstring for how much a
   kill can lose (those prompts are simply generated again, never twice into the output).
+  Once the shard is published its segments are also written as one object (``compact``),
+  which readers then take instead of one GET per segment.
 
 Every finished prompt has one final record: the first line per id, except that a retryable
 failure (connection, timeout, 5xx, queue full) is replaced by any later line for its id, so
@@ -24,13 +26,14 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
 from include.generation.client import RETRYABLE
 from include.generation.outcome import FAILED
-from include.storage import Store
+from include.storage import Store, sha256_hex, write_verified
 
 log = logging.getLogger(__name__)
 #: Segments read at once when a journal is loaded (each is one GET on S3).
@@ -141,6 +144,12 @@ class StoreJournal:
 
     A failed PUT stops the writer; the next ``append``, ``flush_if_due`` or ``flush`` raises
     its error, and the lines not written are generated again by the next try.
+
+    ``fence`` (the shard lease's ``check``: raises once the lease is lost) runs before every
+    PUT and in ``append`` and ``flush_if_due``, so a holder that lost the shard stops within
+    the engine's next loop (about a second) and writes no segment after; ``tag`` (the lease
+    generation, ``00000003``) starts the writer id in each segment's key, the fencing token
+    on every segment (digits only: the writer id stays hex, as readers of the keys expect).
     """
 
     def __init__(
@@ -149,13 +158,17 @@ class StoreJournal:
         prefix: str,
         flush_every: int = 256,
         flush_interval_s: float = 0.25,
+        *,
+        fence: Callable[[], None] | None = None,
+        tag: str = "",
     ) -> None:
         self.store = store
         self.prefix = prefix.rstrip("/") + "/"
         self.flush_every = flush_every
         self.flush_interval_s = flush_interval_s
+        self.fence = fence
         # A writer id per journal object: two workers on one shard never write the same key.
-        self._writer = uuid.uuid4().hex[:12]
+        self._writer = tag + uuid.uuid4().hex[:12]
         self._seq = 0
         self._cond = threading.Condition()
         self._buffer: list[bytes] = []
@@ -170,20 +183,16 @@ class StoreJournal:
         self.max_put_s = 0.0
 
     def load(self) -> dict[str, dict[str, Any]]:
-        keys = [k for k in self.store.list(self.prefix) if k.endswith(".jsonl")]
         out: dict[str, dict[str, Any]] = {}
-        if not keys:
-            return out
-        # Segments are small and many; read them at once, merge them in key order.
-        with ThreadPoolExecutor(min(LOAD_THREADS, len(keys))) as pool:
-            for data in pool.map(self.store.read, keys):
-                merge_lines(data.splitlines(), out)
+        for _, data in read_segments(self.store, self.prefix):
+            merge_lines(data.splitlines(), out)
         return out
 
     def append(self, record: dict[str, Any]) -> None:
         line = _encode(record)
         with self._cond:
             self._raise_error()
+            self._fence()
             if self._closed:
                 raise RuntimeError(f"journal {self.prefix} is closed; open a new StoreJournal")
             self._buffer.append(line)
@@ -198,6 +207,7 @@ class StoreJournal:
     def flush_if_due(self) -> None:
         with self._cond:
             self._raise_error()
+            self._fence()
 
     def flush(self) -> None:
         """Put every appended line and wait until it is in the store."""
@@ -228,6 +238,15 @@ class StoreJournal:
         if self._error is not None:
             raise self._error
 
+    def _fence(self) -> None:
+        if self.fence is not None:
+            try:
+                self.fence()
+            except Exception as exc:  # the writer stops too: no segment after the loss
+                self._error = exc
+                self._cond.notify_all()
+                raise
+
     def _next_lines(self) -> list[bytes] | None:
         """Wait until a PUT is due; return its lines (None: closed and nothing left)."""
         with self._cond:
@@ -252,6 +271,8 @@ class StoreJournal:
             start = time.monotonic()
             error = None
             try:
+                if self.fence is not None:
+                    self.fence()  # a lost lease: these lines would be a late write; refused
                 key = (f"{self.prefix}part-{time.time_ns():020d}-{self._writer}-"
                        f"{self._seq:06d}.jsonl")
                 self.store.write_new(key, b"".join(lines))
@@ -269,3 +290,64 @@ class StoreJournal:
                 else:
                     self._error = error
                 self._cond.notify_all()
+
+
+def compacted_keys(prefix: str) -> tuple[str, str]:
+    """Return the keys of a published shard's journal as one object and of its index.
+
+    Beside the journal folder (``journal/<shard>.compacted.jsonl`` / ``.json``), not in it:
+    whoever reads every key under ``journal/<shard>/`` as segments keeps working. The index
+    (the parts the object holds) is written second, so its presence vouches for the object.
+    """
+    base = prefix.rstrip("/")
+    return f"{base}.compacted.jsonl", f"{base}.compacted.json"
+
+
+def read_segments(store: Store, prefix: str) -> list[tuple[str, bytes]]:
+    """Return the journal's segments as ``(key, bytes)`` in merge order.
+
+    A compacted journal is its one object, then any segment it does not hold (none, unless
+    something wrote after the shard was published), so a reader sends one GET, not one per
+    segment, and merging gives the same records as the segments did.
+    """
+    prefix = prefix.rstrip("/") + "/"
+    data_key, index_key = compacted_keys(prefix)
+    out: list[tuple[str, bytes]] = []
+    covered: set[str] = set()
+    if store.exists(index_key):
+        covered = set(json.loads(store.read(index_key))["parts"])
+        out.append((data_key, store.read(data_key)))
+    rest = [k for k in store.list(prefix) if k.endswith(".jsonl") and k not in covered]
+    if rest:
+        # Segments are small and many; read them at once, merge them in key order.
+        with ThreadPoolExecutor(min(LOAD_THREADS, len(rest))) as pool:
+            out.extend(zip(rest, pool.map(store.read, rest), strict=True))
+    return out
+
+
+def compact(store: Store, prefix: str,
+            segments: list[tuple[str, bytes]] | None = None) -> bool:
+    """Write a published shard's journal segments as one object; return whether it did.
+
+    The object is the segments' lines in merge order (not only the final records), so
+    ``load`` merges to exactly what the segments gave: resume semantics are kept. The
+    segments stay (the store never deletes); readers of the journal (the report, a resume)
+    read one object instead of thousands. ``segments`` is what the caller already read.
+    Call it only once the shard's manifest exists: nothing legitimate writes after that.
+    """
+    data_key, index_key = compacted_keys(prefix)
+    if store.exists(index_key):
+        return False
+    if segments is None:
+        segments = read_segments(store, prefix)
+    parts = [k for k, _ in segments if k != data_key]
+    if len(parts) < 2:
+        return False  # one segment is already one read
+    data = b"".join(d if d.endswith(b"\n") else d + b"\n" for k, d in segments
+                    if k != data_key)
+    write_verified(store, data_key, data)
+    index = {"parts": parts, "sha256": sha256_hex(data), "bytes": len(data)}
+    write_verified(store, index_key, json.dumps(index, indent=1).encode())
+    log.info("journal %s: %d segments compacted into %s (%d bytes)", prefix, len(parts),
+             data_key, len(data))
+    return True

@@ -1,48 +1,88 @@
-"""One run generates a shard at a time; the earliest live claim goes first."""
+"""One run generates a shard at a time: the first to take the lease goes, the others wait."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from include.generation.claims import claim, runs_ahead, wait_for_turn
+import pytest
+
+from include.generation.claims import LeaseBusy, wait_for_turn
+from include.generation.lease import newest
 from include.storage import LocalStore
 
 PREFIX = "journal/shard-00005"
+SHARD = "shard-00005"
 
 
-def test_the_earliest_live_claim_goes_first_and_ended_runs_block_nobody(tmp_path) -> None:
+def _turn(store, run_id, is_live, done=lambda: False, **kw):
+    kw.setdefault("poll_s", 0.02)
+    kw.setdefault("ttl_s", 0.4)
+    return wait_for_turn(store, SHARD, PREFIX, run_id, is_live, done, **kw)
+
+
+def _in_thread(fn):
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("result", fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_the_first_taker_goes_first_and_an_ended_run_blocks_nobody(tmp_path) -> None:
     store = LocalStore(tmp_path)
-    claim(store, PREFIX, "manual__first", now=100.0)
-    claim(store, PREFIX, "manual__backfill", now=200.0)
     live = {"manual__first", "manual__backfill"}
-    assert runs_ahead(store, PREFIX, "manual__backfill", live.__contains__) == ["manual__first"]
-    assert runs_ahead(store, PREFIX, "manual__first", live.__contains__) == []
+    first = _turn(store, "manual__first", live.__contains__)
+    assert first is not None and first.generation == 1
+    with pytest.raises(LeaseBusy, match="still held by manual__first/"):
+        _turn(store, "manual__backfill", live.__contains__, timeout_s=0.2)
+    # It generated every prompt; its upload is still to come while its run is live.
+    first.release(complete=True)
+    with pytest.raises(LeaseBusy):
+        _turn(store, "manual__backfill", live.__contains__, timeout_s=0.2)
     live.discard("manual__first")  # it ended (success or failure): the backfill goes on
-    assert runs_ahead(store, PREFIX, "manual__backfill", live.__contains__) == []
+    backfill = _turn(store, "manual__backfill", live.__contains__, timeout_s=1.0)
+    assert backfill is not None and backfill.generation == 2
+    backfill.release(complete=False)
 
 
-def test_a_retry_keeps_its_place_and_ties_break_by_run_id(tmp_path) -> None:
+def test_a_retry_takes_over_its_own_runs_finished_generation(tmp_path) -> None:
     store = LocalStore(tmp_path)
-    claim(store, PREFIX, "b", now=100.0)
-    claim(store, PREFIX, "a", now=100.0)
-    claim(store, PREFIX, "b", now=999.0)  # the retry of run b: still claimed at 100
-    assert runs_ahead(store, PREFIX, "b", lambda r: True) == ["a"]
-    assert runs_ahead(store, PREFIX, "a", lambda r: True) == []
+    first_try = _turn(store, "run-b", lambda r: True)
+    first_try.release(complete=True)
+    # The same run's next try (a cleared task) need not wait for its own upload.
+    retry = _turn(store, "run-b", lambda r: True, timeout_s=1.0)
+    assert retry.generation == 2 and retry.holder != first_try.holder
+    retry.release(complete=False)
+    # Released unfinished: anyone takes the next generation at once.
+    other = _turn(store, "run-c", lambda r: True, timeout_s=1.0)
+    assert other.generation == 3
+    other.release(complete=True)
+    assert newest(store, PREFIX).released == {"holder": other.holder, "complete": True}
 
 
 def test_a_waiting_run_starts_when_the_first_ends_or_finds_the_shard_done(tmp_path) -> None:
     store = LocalStore(tmp_path)
-    claim(store, PREFIX, "first", now=1.0)
-    live = {"first"}
-    ended = threading.Timer(0.3, lambda: live.discard("first"))
-    ended.start()
+    first = _turn(store, "first", lambda r: True)
+    threading.Timer(0.3, first.release, kwargs={"complete": False}).start()
     began = time.monotonic()
-    assert wait_for_turn(store, "shard-00005", PREFIX, "second", live.__contains__,
-                         done=lambda: False, poll_s=0.05) is False
-    assert time.monotonic() - began >= 0.25  # it waited for the first run to end
-    live.add("first")
+    second = _turn(store, "second", lambda r: True)
+    assert time.monotonic() - began >= 0.25  # it waited for the first try to end
+    assert second.generation == 2
+    second.release(complete=True)  # the second run generated it; its upload is to come
     done = threading.Event()
     threading.Timer(0.2, done.set).start()
-    assert wait_for_turn(store, "shard-00005", PREFIX, "second", live.__contains__,
-                         done=done.is_set, poll_s=0.05) is True
+    assert _turn(store, "third", lambda r: True, done=done.is_set) is None
+    assert newest(store, PREFIX).generation == 2  # finding it done took nothing
+
+
+def test_a_renewed_lease_holds_waiters_for_many_ttls(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    holder = _turn(store, "first", lambda r: True, ttl_s=0.3)
+    thread, out = _in_thread(lambda: _turn(store, "second", lambda r: True))
+    time.sleep(1.2)  # four TTLs: the holder's heartbeat keeps it
+    assert thread.is_alive() and "result" not in out
+    assert holder.beats >= 3 and holder.lost() is None
+    holder.release(complete=False)
+    thread.join(2)
+    assert out["result"].generation == 2
+    out["result"].release(complete=False)

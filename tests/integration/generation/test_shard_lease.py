@@ -1,0 +1,188 @@
+"""One writer per shard (issue 18), through ``generate_shard`` and ``publish_shard`` against
+real stand-ins: skewed clocks, a zombie try and its retry, a dead try, a fenced-out upload.
+
+Only names today's code has too are used, so each test fails on the code before the lease
+by what it does, not by an import."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from include.generation.shard import (
+    generate_shard,
+    journal_prefix,
+    load_journal_records,
+    output_keys,
+    publish_shard,
+)
+from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
+from tests.integration.generation.helpers import ROOT, make_prompts, write_shard
+
+pytestmark = pytest.mark.integration
+SHARD = "shard-00000"
+N = 60
+FAST = {"all_down_timeout_s": 5.0, "cool_down_s": 0.2, "cool_down_max_s": 0.5,
+        "backoff_base_s": 0.05}
+
+
+def _settings(tmp_path, tokenizer_dir) -> dict:
+    return {"output_uri": str(tmp_path / "out"), "run_name": "r",
+            "tokenizer_path": str(tokenizer_dir), "model_path": "test-model",
+            "max_tokens": 128, "min_completion_tokens": 16, "context_length": 4096,
+            "concurrency_mode": "fixed", "in_flight_per_server": 4,
+            "health_interval_s": 0.3, "progress_interval_s": 1}
+
+
+@pytest.fixture
+def shard(standins, tokenizer_dir, tmp_path):
+    """A run store with one prompt shard, slow stand-ins (a few seconds a shard), settings."""
+    servers = standins(2, standin_time_scale=0.1)
+    store = LocalStore(tmp_path / "out" / "r")
+    prompts = make_prompts(N)
+    write_shard(store, prompts)
+    return store, [s.url for s in servers], _settings(tmp_path, tokenizer_dir), prompts
+
+
+def _generate(store, urls, values, run_id, is_live, **kw):
+    return generate_shard(run_settings(values), SHARD, urls, store, run_id=run_id,
+                          is_live=is_live, **FAST, **kw)
+
+
+def _start(fn, name: str):
+    out: dict = {}
+
+    def run():
+        try:
+            out["summary"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _first_to_finish(tries, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for thread, out in tries:
+            if not thread.is_alive():
+                return thread, out
+        time.sleep(0.02)
+    raise AssertionError("no try finished")
+
+
+def _generated(summary: dict) -> int:
+    """Prompts this try sent to a server (not found finished in the journal)."""
+    return 0 if summary["already_done"] else N - summary["resumed"]
+
+
+def test_two_runs_with_skewed_clocks_generate_a_shard_once(shard, monkeypatch) -> None:
+    store, urls, values, _ = shard
+    real = time.time
+    # The backfill's worker clock runs 50 ms behind the first run's.
+    monkeypatch.setattr(time, "time", lambda: real() - (
+        0.05 if threading.current_thread().name == "backfill" else 0.0))
+    live = {"manual__first", "backfill__1"}
+    first = _start(lambda: _generate(store, urls, values, "manual__first",
+                                     live.__contains__), "first")
+    time.sleep(0.01)
+    backfill = _start(lambda: _generate(store, urls, values, "backfill__1",
+                                        live.__contains__), "backfill")
+    done_thread, done = _first_to_finish([first, backfill])
+    assert "summary" in done, done.get("error")
+    publish_shard(SHARD, store, generation=done["summary"])  # the generator's upload
+    other = backfill if done_thread is first[0] else first
+    other[0].join(30)
+    assert "summary" in other[1], other[1].get("error")
+    assert other[1]["summary"]["already_done"], "both runs generated the shard"
+    assert _generated(done["summary"]) == N
+
+
+def test_a_zombie_try_and_its_retry_generate_the_shard_once(shard) -> None:
+    store, urls, values, prompts = shard
+    # Airflow gave up on the first try (a lost heartbeat) but its process goes on.
+    zombie = _start(lambda: _generate(store, urls, values, "run-1", lambda r: True),
+                    "zombie")
+    time.sleep(0.3)
+    retry = _start(lambda: _generate(store, urls, values, "run-1", lambda r: True),
+                   "retry")
+    for thread, _ in (zombie, retry):
+        thread.join(60)
+    summaries = [out["summary"] for _, out in (zombie, retry)]
+    assert sum(_generated(s) for s in summaries) == N, "a prompt was generated twice"
+    manifest = publish_shard(SHARD, store, generation=summaries[1])  # the retry's upload
+    assert manifest["counts"]["completed"] == N
+    assert sorted(load_journal_records(store, SHARD)) == sorted(p["id"] for p in prompts)
+
+
+# A 2 s TTL where the code has one, so the same script shows the code before the lease.
+_DEAD_TRY = """
+import inspect, json, sys
+from include.generation.shard import generate_shard
+from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
+values, urls = json.loads(sys.argv[1]), sys.argv[2].split(",")
+ttl = {"lease_ttl_s": 2.0} if "lease_ttl_s" in inspect.signature(generate_shard).parameters else {}
+generate_shard(run_settings(values), "shard-00000", urls, LocalStore(sys.argv[3]),
+               run_id="run-a", is_live=lambda r: True, **ttl)
+"""
+
+
+def test_a_dead_try_of_a_live_run_blocks_a_backfill_for_seconds_not_hours(
+    shard, tmp_path
+) -> None:
+    store, urls, values, _ = shard
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", _DEAD_TRY, json.dumps(values),
+                             ",".join(urls), store.root], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and len(load_journal_records(store, SHARD)) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        before = len(load_journal_records(store, SHARD))
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the task dies; run-a stays live for hours
+        _, err = proc.communicate()
+    assert 0 < before < N, err.decode(errors="replace")[-2000:]
+    began = time.monotonic()
+    backfill = _start(lambda: _generate(store, urls, values, "backfill__1",
+                                        lambda r: True), "backfill")
+    backfill[0].join(30)
+    assert "summary" in backfill[1], backfill[1].get("error", "still waiting after 30s")
+    assert time.monotonic() - began < 20
+    assert backfill[1]["summary"]["resumed"] >= before  # the dead try's prompts are kept
+
+
+def test_a_late_upload_from_a_fenced_out_try_is_refused(shard) -> None:
+    store, urls, values, _ = shard
+    live = {"run-1"}
+    first = _generate(store, urls, values, "run-1", live.__contains__)
+    # run-1 is marked failed before its upload ran (its upload is now a zombie); a backfill
+    # takes the shard over and generates it (every prompt is in the journal already).
+    live.clear()
+    second = _generate(store, urls, values, "run-2", live.__contains__)
+    assert second["resumed"] == N
+    with pytest.raises(Exception, match="taken over"):
+        publish_shard(SHARD, store, generation=first)
+    assert store.list("generated/") == []  # nothing of the late write reached the store
+    manifest = publish_shard(SHARD, store, generation=second)
+    assert manifest["counts"]["completed"] == N
+    stored = json.loads(store.read(output_keys(SHARD)[1]))
+    assert stored["lease"] == second["lease"] and stored["lease"]["generation"] == 2
+    segments = [k for k in store.list(journal_prefix(SHARD)) if "/part-" in k]
+    # Every segment carries its writer's lease generation, the fencing token: the first's.
+    assert segments and all(re.search(r"/part-\d+-00000001[0-9a-f]{12}-\d+\.jsonl$", k)
+                            for k in segments)
