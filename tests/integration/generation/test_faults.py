@@ -23,6 +23,7 @@ from include.generation.shard import (
     output_keys,
     publish_shard,
 )
+from include.sglang_health import HEALTH_PROBE_TIMEOUT_FLOOR_S
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
 from tests.integration.generation.faultproxy import (
@@ -98,7 +99,8 @@ def test_a_live_server_that_stops_answering_for_a_while_keeps_its_in_flight_work
         ):
             time.sleep(0.02)
         os.kill(servers[1].pid, signal.SIGSTOP)
-        time.sleep(3.0)
+        # Longer than a probe may take (SGLang's /health alone takes 1 s): the probes fail.
+        time.sleep(HEALTH_PROBE_TIMEOUT_FLOOR_S + 2.0)
         os.kill(servers[1].pid, signal.SIGCONT)
         lines_when_resumed.append(journal_path.read_bytes().count(b"\n"))
 
@@ -120,17 +122,17 @@ def test_a_live_server_that_stops_answering_for_a_while_keeps_its_in_flight_work
 
 
 class SlowStore(LocalStore):
-    """A store whose every write takes 3 s, longer than a health probe may."""
+    """A store whose every write takes longer than a health probe may."""
 
     def write_new(self, key: str, data: bytes) -> bool:
-        time.sleep(3.0)
+        time.sleep(HEALTH_PROBE_TIMEOUT_FLOOR_S + 1.0)
         return super().write_new(key, data)
 
 
 def test_a_slow_journal_write_stalls_no_health_probe(standins, tokenizer_dir, tmp_path) -> None:
     servers = standins(2, standin_time_scale=0.2)
-    # /health takes 1.2 s (a loaded host), so a probe is nearly always in flight; its 2 s
-    # timeout is shorter than one journal write.
+    # /health takes 1.2 s (a loaded host), so a probe is nearly always in flight; its timeout
+    # (the floor) is shorter than one journal write.
     proxies = [FaultProxy(s.url, health_delay_s=1.2).start() for s in servers]
     prompts = make_prompts(250)
     journal = StoreJournal(SlowStore(tmp_path), "journal/shard-00000")
