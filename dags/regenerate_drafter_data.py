@@ -184,8 +184,9 @@ def regenerate_drafter_data() -> None:
                      run_id: str | None = None, ti=None) -> dict:
             """Generate the shard's completions into its journal (resumes after a retry).
 
-            One run at a time per shard: a run that claimed it earlier and is still live
-            goes first (a backfill overlapping a running run waits instead of duplicating).
+            One writer at a time per shard: the try takes the shard's lease (renewed while it
+            generates; a backfill overlapping a running run waits instead of duplicating, a
+            dead try's lease expires in minutes, a fenced-out try cannot publish).
             At most MAX_ACTIVE_SHARDS generate at once; a shard queued ahead waits, set up.
             The prompts and the API key go only to the deployment's own servers: ``servers``
             (XCom) are identifiers, turned into the deployment's URLs before any request.
