@@ -206,7 +206,8 @@ def regenerate_drafter_data() -> None:
             return generate_shard(settings, shard_id, urls,
                                   open_run_store(settings, outputs_uri), open_run_store(settings),
                                   wait_for, run_id=run_id,
-                                  is_live=airflow_run_is_live(DAG_ID), slot_free=slot_free)
+                                  is_live=airflow_run_is_live(DAG_ID), slot_free=slot_free,
+                                  lease_ttl_s=settings.deployment.lease_ttl_s)
 
         @task(map_index_template=SHARD_NAME)
         def upload(shard_id: str, generated: dict, outputs_uri: str,

@@ -156,6 +156,11 @@ class DeploymentSettings(BaseSettings):
         description="Sources a run may choose by name (object of name -> source).",
     )
 
+    lease_ttl_s: float = Field(
+        120.0, ge=10.0, le=3600.0,
+        description="How long a shard's lease outlives its holder's last renewal: a dead "
+        "try's shard is taken over after this long (renewed every quarter of it).",
+    )
     max_active_shards: int = Field(
         3, ge=1, description="Shards generated at once per run (they share the servers). Read "
         "when the DAG file is parsed: it is a task argument.")

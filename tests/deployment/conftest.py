@@ -26,8 +26,10 @@ from scripts.deploy_services import free_port_block
 #: a task whose worker died is failed, and retried, after 40 s without a heartbeat, not 300 s;
 #: a killed scheduler's or triggerer's work is taken over by its successor after 15 s without
 #: a heartbeat (both beat every 5 s), not 30 s, and a restarted scheduler looks for tasks its
-#: predecessor queued but never sent every 10 s, not every 300 s.
+#: predecessor queued but never sent every 10 s, not every 300 s; a dead try's shard lease
+#: expires after 20 s without a renewal, not 120 s.
 TIME_COMPRESSION = {
+    "REGEN_LEASE_TTL_S": "20",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "40",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",

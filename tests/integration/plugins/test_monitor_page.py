@@ -64,7 +64,8 @@ def small_run(tmp_path_factory, tokenizer_dir) -> Iterator[dict[str, Any]]:
         build_report(settings, store, store, done, [], run_id="manual__first_two",
                      gates=QualityGates(max_truncation_rate=1, max_failure_rate=1))
         journal = next(k for k in store.list("journal/") if k.endswith(".jsonl"))
-        generating = sorted({k.split("/")[1] for k in store.list("journal/")}
+        # journal/<shard>/... (and <shard>.compacted.json[l] beside a published shard's)
+        generating = sorted({k.split("/")[1].split(".")[0] for k in store.list("journal/")}
                             - {k.split("/")[1].split(".")[0] for k in store.list("generated/")})
         assert len(generating) == 1
         yield {"root": str(out), "generating": generating[0],
