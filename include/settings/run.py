@@ -48,8 +48,9 @@ class RunSettings(BaseModel):
         "Sources", "Dedupe against",
         "Existing prompt sets (local files under a data root, or s3:// locations read with the "
         "deployment's S3 connection); prompts already there are dropped.", [])
-    shard_size: int = _s("Preparation", "Shard size", "Prompts per shard (one mapped task each).",
-                        1000, ge=1)
+    shard_size: int = _s("Preparation", "Shard size",
+                         "Prompts per shard (one mapped task each; its completions are held "
+                         "in memory).", 1000, ge=1, le=20000)
     seed: int = _s("Preparation", "Seed", "Seed for quota sampling and shard order.", 0, ge=0)
     min_prompt_length: int = _s(
         "Preparation", "Minimum prompt length",
@@ -72,7 +73,7 @@ class RunSettings(BaseModel):
         "counts; empty means characters at preparation and the model path at generation.", None)
     context_length: int = _s("Model and servers", "Context length",
                             "Context length the servers must report (prompt + completion "
-                            "tokens).", 32768, ge=256)
+                            "tokens).", 32768, ge=256, le=1048576)
     tp_size: int = _s("Model and servers", "Tensor parallel size", "GPUs per server (--tp-size).",
                      1, ge=1, le=8)
     mem_fraction_static: float = _s(
@@ -85,7 +86,7 @@ class RunSettings(BaseModel):
         pattern=r"^(?!.*\n)[A-Za-z0-9_\-]{1,64}$")
     launch_timeout_s: float = _s("Model and servers", "Launch timeout (s)",
                                 "Longest the health gate waits for a server to load its model.",
-                                1800.0, ge=1.0)
+                                1800.0, ge=1.0, le=14400.0)
     replace_mismatched_servers: bool = _s(
         "Model and servers", "Replace mismatched servers",
         "Stop and relaunch a server already running with other settings.", False)
@@ -97,15 +98,16 @@ class RunSettings(BaseModel):
     max_tokens: int = _s(
         "Sampling", "Max tokens (cap)",
         "Upper bound on completion tokens; each request gets min(cap, context_length - prompt "
-        "tokens - context_margin), so a cap at or above the context length is safe.", 8192, ge=1)
+        "tokens - context_margin), so a cap at or above the context length is safe.", 8192, ge=1,
+        le=1048576)
     min_completion_tokens: int = _s(
         "Sampling", "Minimum completion room",
         "A prompt that leaves fewer tokens than this for its completion is skipped, never sent.",
-        256, ge=1)
+        256, ge=1, le=131072)
     context_margin: int = _s(
         "Sampling", "Context margin",
         "Tokens kept free below the context length (SGLang rejects prompt + max_tokens >= "
-        "context length).", 16, ge=1)
+        "context length).", 16, ge=1, le=65536)
     enable_thinking: bool = _s("Sampling", "Thinking", "Ask reasoning models (Qwen3) to think.",
                               True)
     # --- Generation ---------------------------------------------------------------------
@@ -115,35 +117,38 @@ class RunSettings(BaseModel):
         "in_flight_per_server.", "adaptive")
     in_flight_per_server: int = _s("Generation", "In flight per server",
                                   "Requests in flight per server (fixed mode; the adaptive "
-                                  "start).", 32, ge=1)
+                                  "start).", 32, ge=1, le=4096)
     min_in_flight_per_server: int = _s("Generation", "Minimum in flight per server",
-                                      "Adaptive lower bound.", 8, ge=1)
+                                      "Adaptive lower bound.", 8, ge=1, le=4096)
     max_in_flight_per_server: int = _s("Generation", "Maximum in flight per server",
-                                      "Adaptive upper bound.", 512, ge=1)
+                                      "Adaptive upper bound.", 512, ge=1, le=4096)
     request_timeout_s: float = _s("Generation", "Request timeout (s)",
                                  "Longest a request may take before it is retried.", 1800.0,
-                                 ge=1.0)
+                                 ge=1.0, le=21600.0)
     max_attempts: int = _s(
         "Generation", "Attempts per prompt",
         "Tries for retryable failures (connection, timeout, 5xx, queue full) before the prompt "
         "is recorded as failed; a failure counts only when its server was serving other "
-        "prompts (a server-wide outage is waited out, not charged to the prompts).", 4, ge=1)
+        "prompts (a server-wide outage is waited out, not charged to the prompts).", 4, ge=1,
+        le=20)
     cool_down_after_failures: int = _s(
         "Generation", "Cool down after failures",
         "Retryable failures in a row (5xx, timeout, queue full) after which a server gets no "
         "new requests for a cool-down; its in-flight requests run on. A server is taken out "
         "of rotation (its requests sent elsewhere) only when it is gone: connection refused "
-        "or three failed health probes in a row.", 3, ge=1)
+        "or three failed health probes in a row.", 3, ge=1, le=100)
     cool_down_s: float = _s("Generation", "Cool-down (s)",
                             "First cool-down of a failing server; doubled for each cool-down "
-                            "in a row, up to cool_down_max_s.", 5.0, ge=0.1)
+                            "in a row, up to cool_down_max_s.", 5.0, ge=0.1, le=3600.0)
     cool_down_max_s: float = _s("Generation", "Longest cool-down (s)",
-                                "Upper bound of a server's cool-down.", 30.0, ge=0.1)
+                                "Upper bound of a server's cool-down.", 30.0, ge=0.1,
+                                le=3600.0)
     health_interval_s: float = _s("Generation", "Health check interval (s)",
                                  "How often every server's /health is polled during "
-                                 "generation.", 5.0, ge=0.1)
+                                 "generation.", 5.0, ge=0.1, le=300.0)
     progress_interval_s: float = _s("Generation", "Progress interval (s)",
-                                   "How often generation logs progress.", 30.0, ge=0.1)
+                                   "How often generation logs progress.", 30.0, ge=0.1,
+                                   le=3600.0)
     # --- Shards -------------------------------------------------------------------------
     shard_range: str | None = _s(
         "Shards", "Shard range",
@@ -161,7 +166,7 @@ class RunSettings(BaseModel):
     # --- Tokenization -------------------------------------------------------------------
     max_sequence_length: int = _s("Tokenization", "Max sequence length",
                                  "Longest tokenized sample (prompt + completion tokens).",
-                                 32768, ge=16)
+                                 32768, ge=16, le=1048576)
     over_length: Literal["drop", "truncate"] = _s(
         "Tokenization", "Over-length samples",
         "'drop' or 'truncate' samples longer than max_sequence_length.", "drop")

@@ -65,3 +65,14 @@ def test_tokenizers_are_allowed_like_models(tmp_path) -> None:
     assert run_settings({"tokenizer_path": "Qwen/Qwen3.6-27B"}).tokenizer_path  # a model
     text = _refused({"tokenizer_path": "/etc"}, data_roots=[str(tmp_path)])
     assert "inside the deployment's data roots" in text
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("shard_size", 1_000_000), ("in_flight_per_server", 100_000),
+    ("max_in_flight_per_server", 100_000), ("request_timeout_s", 10**9),
+    ("launch_timeout_s", 10**9), ("max_attempts", 1000), ("health_interval_s", 10**6),
+    ("max_sequence_length", 10**9), ("context_length", 10**9),
+])
+def test_every_resource_setting_has_an_upper_bound(name: str, value: int) -> None:
+    text = _refused({name: value})
+    assert f"`{name}`" in text and str(value) in text
