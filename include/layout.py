@@ -7,11 +7,28 @@ the generation and the tokenization stage cannot disagree on a key. No imports f
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 PROMPTS_PREFIX = "prompts"
 #: The prepare stage's manifest: its funnel, and the list of prompt shards.
 MANIFEST_KEY = f"{PROMPTS_PREFIX}/manifest.json"
 
 _SHARD_PREFIX = "shard-"
+
+
+def run_folder(run_id: str) -> str:
+    """Return the folder name of one Airflow run's files (its report, a forced regeneration).
+
+    Readable where the run id already is a safe name; otherwise the readable part plus a hash
+    of the whole id, so two run ids never share a folder (``a:b`` and ``a+b`` would both read
+    ``a_b``) and no id maps to ``.``, ``..`` or nothing.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_.")[:120]
+    if safe == run_id and safe not in ("", ".", ".."):
+        return safe
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
+    return f"{safe or 'run'}-{digest}"
 
 
 def shard_id(index: int) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Any
 
-from include.layout import MANIFEST_KEY, shard_id, shard_index, tokenized_keys
+from include.layout import MANIFEST_KEY, run_folder, shard_id, shard_index, tokenized_keys
 from include.prompts.errors import PrepareError
 from include.prompts.prepare import prepare_prompts
 from include.prompts.schemas import UnknownLayoutError
@@ -33,8 +32,7 @@ def outputs_uri(settings: RunSettings, run_id: str) -> str:
     """
     if not settings.force_regenerate:
         return settings.run_uri
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_") or "manual"
-    return f"{settings.run_uri}/regenerations/{safe}"
+    return f"{settings.run_uri}/regenerations/{run_folder(run_id)}"
 
 
 def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import defaultdict
 from typing import Any
 
-from include.layout import MANIFEST_KEY
+from include.layout import MANIFEST_KEY, run_folder
 from include.reporting.collect import (
     Completion,
     ShardFacts,
@@ -75,8 +74,7 @@ def report_prefix(run_id: str) -> str:
     One folder per Airflow run: a later backfill of the same run writes its own report
     instead of colliding with the first one's create-only files.
     """
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_") or "manual"
-    return f"report/{safe}/"
+    return f"report/{run_folder(run_id)}/"
 
 
 def _stats(values: list[int]) -> dict[str, float | int]:
