@@ -79,8 +79,13 @@ class ServerPaths:
 
     @property
     def lock_dir(self) -> str:
-        """Return the directory whose creation locks the server's leases and process."""
+        """Return the lock directory earlier releases used (never created any more)."""
         return self.stem + ".lock"
+
+    @property
+    def lock_file(self) -> str:
+        """Return the file whose ``flock`` locks the server's leases and process."""
+        return self.stem + ".flock"
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ command out, every value ``shlex.quote``d. Every file they write is private to t
 
 A server may serve several runs at once (a backfill started while another run generates). Each
 run that uses it holds a lease, one file in ``server-<port>.leases/`` naming the run; a teardown
-drops its own lease and stops the server only when no lease is left. A lock directory
-(``server-<port>.lock``) makes "start or reuse, and lease" and "release, and stop if no lease is
+drops its own lease and stops the server only when no lease is left. A lock (``flock`` on
+``server-<port>.flock``) makes "start or reuse, and lease" and "release, and stop if no lease is
 left" one step each, so a teardown never stops a server between another run's check and its
 lease.
 """
@@ -31,34 +31,34 @@ def lease_name(owner: str) -> str:
 
 
 def _lock(paths: ServerPaths, wait_s: float = LOCK_WAIT_S) -> str:
-    """Return lines that take the server's lock; it is released when the command exits.
+    """Return lines that make the log directory safe, then take the server's lock.
 
-    ``mkdir`` is atomic, so one command holds it at a time. A lock whose holder is gone (an
-    SSH session cut mid-command) is taken over; one held longer than ``wait_s`` fails the
-    command (exit 3), naming the lock directory.
+    The directory must be the user's own, not a link and not writable by others: pid, lease
+    and key files are written there, and in a shared directory (``/tmp``) another user could
+    plant links or swap files. The lock is ``flock`` on a file there, held on fd 9 until the
+    command exits: the kernel releases it when its holder dies, so no waiter has to judge a
+    holder dead and take over (two waiters doing that at once could both win). A lock held
+    longer than ``wait_s`` fails the command (exit 3), naming it.
     """
     q = shlex.quote
-    lock = q(paths.lock_dir)
-    tries = max(1, int(wait_s / 0.1))
+    log_dir, lock = q(paths.log_dir), q(paths.lock_file)
     return "\n".join(
         [
             "umask 077",
-            f"mkdir -p {q(paths.log_dir)}",
-            "i=0",
-            f"while ! mkdir {lock} 2>/dev/null; do",
-            f"  holder=$(cat {lock}/pid 2>/dev/null)",
-            '  if [ -n "$holder" ] && [ ! -d /proc/"$holder" ]; then',
-            f"    rm -rf {lock}; continue",
-            "  fi",
-            "  i=$((i+1))",
-            f"  if [ $i -gt {tries} ]; then",
-            f'    echo "lock "{lock}" held by pid $holder for {wait_s:.0f} s; if no launch or '
-            'teardown runs for this server, remove that directory" >&2; exit 3',
-            "  fi",
-            "  sleep 0.1",
-            "done",
-            f"echo $$ > {lock}/pid",
-            f"trap {q('rm -rf ' + lock)} EXIT",
+            f"mkdir -p {log_dir}",
+            f"if [ -L {log_dir} ] || [ ! -O {log_dir} ]; then",
+            f'  echo {log_dir}" is a link or not owned by $(id -un); give the servers a '
+            'directory of their own (REGEN_SERVER_LOG_DIR)" >&2; exit 4',
+            "fi",
+            f"case $(stat -c %A {log_dir}) in ?????w????|????????w?)",
+            f'  echo {log_dir}" is writable by other users; chmod 700 it or give the servers a '
+            'directory of their own (REGEN_SERVER_LOG_DIR)" >&2; exit 4;;',
+            "esac",
+            "command -v flock >/dev/null 2>&1 || { echo \"flock (util-linux) is not installed "
+            "on the GPU host\" >&2; exit 3; }",
+            f"exec 9>>{lock}",
+            f"flock -w {wait_s:.0f} 9 || {{ echo \"lock \"{lock}\" held for {wait_s:.0f} s: "
+            'a launch or teardown of this server still runs" >&2; exit 3; }',
         ]
     )
 
@@ -142,7 +142,8 @@ def build_detached_command(
         f"echo \"[launcher] $(date '+%Y-%m-%d %H:%M:%S') starting on $(hostname)\" "
         f"> {q(paths.log_file)}",
         "if command -v setsid >/dev/null 2>&1; then run=setsid; else run=nohup; fi",
-        f"$run sh -c {q(inner)} </dev/null >>{q(paths.log_file)} 2>&1 &",
+        # fd 9 holds the lock: the server must not inherit it (it would hold it for life).
+        f"$run sh -c {q(inner)} </dev/null >>{q(paths.log_file)} 2>&1 9>&- &",
         f"i=0; while [ ! -s {q(paths.pid_file)} ] && [ $i -lt {tries} ]; do "
         "sleep 0.1; i=$((i+1)); done",
         f'echo "pid=$(cat {q(paths.pid_file)} 2>/dev/null)"',

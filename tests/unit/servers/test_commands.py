@@ -31,6 +31,7 @@ from include.servers.commands import (
     server_specs,
 )
 from include.servers.lifecycle import (
+    _lock,
     build_acquire_command,
     build_detached_command,
     build_release_command,
@@ -332,15 +333,43 @@ def test_leases_keep_a_server_until_the_last_run_releases_it(tmp_path: Path) -> 
         _kill_group(pid)
 
 
-def test_a_lock_left_by_a_dead_command_is_taken_over(tmp_path: Path) -> None:
+def test_a_lock_whose_holder_died_is_free_and_two_waiters_never_share_it(
+    tmp_path: Path,
+) -> None:
     paths = ServerPaths(str(tmp_path), 42006)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    Path(paths.lock_dir).mkdir()
-    Path(paths.lock_dir, "pid").write_text(str(dead.pid))
-    done = sh(build_release_command(paths, "x", grace_s=1))
-    assert done.stdout.strip() == "not-running pid=", done.stderr
-    assert not Path(paths.lock_dir).exists()
+    # A holder killed mid-command: the kernel drops its flock, the next command goes on.
+    holder = subprocess.Popen(["sh", "-c", _lock(paths) + "\nsleep 30"],
+                              start_new_session=True)
+    time.sleep(0.5)
+    os.killpg(holder.pid, signal.SIGKILL)  # the shell and its sleep: every fd 9 holder
+    holder.wait()
+    assert sh(build_release_command(paths, "x", grace_s=1)).stdout.strip() == "not-running pid="
+    # Two waiters behind one holder take the lock one after the other, never together.
+    spans = tmp_path / "spans"
+    body = f"{_lock(paths)}\necho start $(date +%s.%N) >> {spans}\nsleep 0.4\n" \
+           f"echo end $(date +%s.%N) >> {spans}"
+    procs = [subprocess.Popen(["sh", "-c", body]) for _ in range(3)]
+    assert [p.wait(20) for p in procs] == [0, 0, 0]
+    events = [line.split() for line in spans.read_text().splitlines()]
+    assert [kind for kind, _ in events] == ["start", "end"] * 3  # no overlap
+
+
+@pytest.mark.parametrize("kind", ["link", "world_writable"])
+def test_a_log_directory_others_can_write_or_redirect_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    log_dir = tmp_path / "logs"
+    if kind == "link":
+        log_dir.symlink_to(real)
+    else:
+        log_dir.mkdir()
+        log_dir.chmod(0o777)
+    paths = ServerPaths(str(log_dir), 42008)
+    done = sh(build_detached_command(_fake_server(42008), paths, owner="r"))
+    assert done.returncode == 4 and "REGEN_SERVER_LOG_DIR" in done.stderr
+    assert not list(real.iterdir()) and not Path(paths.pid_file).exists()
 
 
 def test_stop_ignores_a_pid_file_naming_another_process(tmp_path: Path) -> None:
