@@ -69,6 +69,9 @@ def test_a_launch_failing_on_host_2_leaves_nothing_of_it_on_host_1(
     # cannot reach. B's failure stops the server it started (GPU 2) and keeps A's (GPU 0).
     first = make_settings(hosts=[host([0])])
     a = launch_servers(first, owner=RUN_A)
+    # A's server serves before B launches (on a loaded machine it may still be starting; B
+    # would then lease it as loading, which the loading tests cover).
+    assert wait_answering(a.urls[0])
     settings = make_settings(hosts=[host([0, 2]), host([1], sshd.bad_key_conn_id, "localhost")])
     with pytest.raises(HostError) as err:
         launch_servers(settings, owner=RUN_B, connect_attempts=1)
