@@ -180,11 +180,9 @@ def _token_summary(mirror: Path, sampled_dir: Path) -> None:
     """Print how the rows compare with what the stand-in servers sampled (their own log)."""
     import pyarrow.parquet as pq
 
-    sampled: dict[tuple[int, ...], list[list[int]]] = {}
-    for log_file in sampled_dir.glob("sampled-*.jsonl"):
-        for line in log_file.read_text().splitlines():
-            entry = json.loads(line)
-            sampled.setdefault(tuple(entry["prompt_ids"]), []).append(entry["sampled_ids"])
+    from sglang_standin.testing import read_sampled_log
+
+    sampled = read_sampled_log(sampled_dir)
     rows = exact = differs = 0
     for path in sorted((mirror / "tokenized").glob("*.parquet")):
         table = pq.read_table(path)

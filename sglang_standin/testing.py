@@ -142,3 +142,16 @@ def chat(
     base = server if isinstance(server, str) else server.url
     body = {"model": "whatever", "messages": [{"role": "user", "content": content}], **extra}
     return call("POST", base + "/v1/chat/completions", body, headers, timeout)
+
+
+def read_sampled_log(folder: str | os.PathLike[str]) -> dict[tuple[int, ...], list[list[int]]]:
+    """Return what the stand-ins logged as sampled (``--standin-sampled-log-dir``): per prompt
+    ids, every list of ids sampled for it (a prompt answered twice is listed twice)."""
+    from pathlib import Path
+
+    sampled: dict[tuple[int, ...], list[list[int]]] = {}
+    for log_file in sorted(Path(folder).glob("sampled-*.jsonl")):
+        for line in log_file.read_text().splitlines():
+            entry = json.loads(line)
+            sampled.setdefault(tuple(entry["prompt_ids"]), []).append(entry["sampled_ids"])
+    return sampled

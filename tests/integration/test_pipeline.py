@@ -184,11 +184,9 @@ def _rows_are_the_sampled_ids(run: dict[str, bytes], prompts: dict, sampled_dir:
 
     import pyarrow.parquet as pq
 
-    sampled: dict[tuple[int, ...], list[list[int]]] = {}
-    for log_file in sampled_dir.glob("sampled-*.jsonl"):
-        for line in log_file.read_text().splitlines():
-            entry = json.loads(line)
-            sampled.setdefault(tuple(entry["prompt_ids"]), []).append(entry["sampled_ids"])
+    from sglang_standin.testing import read_sampled_log
+
+    sampled = read_sampled_log(sampled_dir)
     rows = differs = thinking = 0
     for shard in prompts["shards"]:
         tok = json.loads(run[f"runs/expansion_v1/tokenized/{shard['shard_id']}.manifest.json"])
