@@ -46,14 +46,7 @@ def _lock(paths: ServerPaths, wait_s: float = LOCK_WAIT_S) -> str:
         [
             "umask 077",
             f"mkdir -p {log_dir}",
-            f"if [ -L {log_dir} ] || [ ! -O {log_dir} ]; then",
-            f'  echo {log_dir}" is a link or not owned by $(id -un); give the servers a '
-            'directory of their own (REGEN_SERVER_LOG_DIR)" >&2; exit 4',
-            "fi",
-            f"case $(stat -c %A {log_dir}) in ?????w????|????????w?)",
-            f'  echo {log_dir}" is writable by other users; chmod 700 it or give the servers a '
-            'directory of their own (REGEN_SERVER_LOG_DIR)" >&2; exit 4;;',
-            "esac",
+            *_refuse_unsafe_dir(paths),
             "command -v flock >/dev/null 2>&1 || { echo \"flock (util-linux) is not installed "
             "on the GPU host\" >&2; exit 3; }",
             f"exec 9>>{lock}",
@@ -61,6 +54,25 @@ def _lock(paths: ServerPaths, wait_s: float = LOCK_WAIT_S) -> str:
             'a launch or teardown of this server still runs" >&2; exit 3; }',
         ]
     )
+
+
+def _refuse_unsafe_dir(paths: ServerPaths) -> list[str]:
+    """Return lines that exit 4 if the log directory is a link, another's, or others can write.
+
+    Only where it exists: a status read before the first launch finds nothing and says so.
+    """
+    q = shlex.quote
+    log_dir = q(paths.log_dir)
+    return [
+        f"if [ -L {log_dir} ] || {{ [ -e {log_dir} ] && [ ! -O {log_dir} ]; }}; then",
+        f'  echo {log_dir}" is a link or not owned by $(id -un); give the servers a '
+        'directory of their own (REGEN_SERVER_LOG_DIR)" >&2; exit 4',
+        "fi",
+        f"if [ -e {log_dir} ]; then case $(stat -c %A {log_dir}) in ?????w????|????????w?)",
+        f'  echo {log_dir}" is writable by other users; chmod 700 it or give the servers a '
+        'directory of their own (REGEN_SERVER_LOG_DIR)" >&2; exit 4;;',
+        "esac; fi",
+    ]
 
 
 def _add_lease(paths: ServerPaths, owner: str | None) -> list[str]:
@@ -109,6 +121,28 @@ def _write_config_from_stdin(paths: ServerPaths, size: int) -> list[str]:
     ]
 
 
+def _reuse_if_running(paths: ServerPaths, owner: str | None, config_bytes: int | None
+                      ) -> list[str]:
+    """Return lines that, under the lock, lease a server another launch started meanwhile.
+
+    A run decides to start a server from a status read without the lock; another run's launch
+    may have started one since (it held the lock while this one waited). Starting a second
+    process would orphan the first (its pid file overwritten, never stopped) and leave the
+    port to whichever bound first. So the check is repeated under the lock: a live server is
+    leased, not replaced, and the command prints ``pid=<N> already=1``. Its config (and key)
+    are left as they are; the stdin meant for a new config is read and discarded.
+    """
+    discard = [f"head -c {int(config_bytes)} >/dev/null"] if config_bytes is not None else []
+    return [
+        _shell_helpers(paths.port),
+        _read_pid(paths.pid_file),
+        'if [ -n "$pid" ] && is_server "$pid"; then',
+        *(f"  {line}" for line in [*discard, *_add_lease(paths, owner)]),
+        '  echo "pid=$pid already=1"; exit 0',
+        "fi",
+    ]
+
+
 def build_detached_command(
     launch_command: str,
     paths: ServerPaths,
@@ -126,13 +160,16 @@ def build_detached_command(
     kept as ``.log.prev``. Under the server's lock, ``owner``'s lease is added, so no teardown
     of another run stops the new server before it is leased. With ``config_bytes`` the
     command's stdin (that many bytes) becomes the server's ``--config`` file first
-    (``ServerPaths.config_file``). Prints ``pid=`` (empty) when no pid file appeared in time.
+    (``ServerPaths.config_file``). Prints ``pid=`` (empty) when no pid file appeared in time,
+    and ``pid=<N> already=1`` when, once it held the lock, a live server was already there
+    (another run's launch got the lock first): that server is leased and left running.
     """
     q = shlex.quote
     inner = f"echo $$ > {q(paths.pid_file)}; exec {launch_command}"
     tries = max(1, int(pid_wait_s / 0.1))
     lines = [
         _lock(paths),
+        *_reuse_if_running(paths, owner, config_bytes),
         *(_write_config_from_stdin(paths, config_bytes) if config_bytes is not None else []),
         f"rm -f {q(paths.pid_file)}",
         f"if [ -f {q(paths.log_file)} ]; then mv -f {q(paths.log_file)} "
@@ -198,9 +235,11 @@ def build_status_command(paths: ServerPaths) -> str:
 
     ``alive=1`` only when the pid file names a live, non-zombie process serving this port;
     ``leases`` counts the runs holding a lease on it; ``owner`` is the run that started it.
-    The command always exits 0; a non-zero exit means the host or prefix itself failed.
+    The command exits 0, or 4 when the log directory is unsafe to read (a link, another
+    user's, writable by others: its pid file could name any process); any other non-zero
+    exit means the host or prefix itself failed.
     """
-    return _status_lines(paths)
+    return "\n".join([*_refuse_unsafe_dir(paths), _status_lines(paths)])
 
 
 def build_acquire_command(paths: ServerPaths, owner: str) -> str:
