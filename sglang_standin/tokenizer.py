@@ -20,27 +20,66 @@ from sglang_standin.words import training_corpus
 Vocab = Literal["small", "qwen3_6"]
 
 # Bump when the files written below change, so cached directories are rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 STAMP_FILE = "standin_tokenizer.json"
 
 # Written by this project (sglang_standin), imitating the shape of Qwen3's template; it is NOT
-# Qwen's template. ChatML turns; an assistant turn's reasoning_content goes inside
-# <think>...</think>; the generation prompt is "<|im_start|>assistant\n", followed by an empty
-# think block when the caller passes enable_thinking=false.
+# Qwen's template. ChatML turns; the generation prompt is "<|im_start|>assistant\n", followed by
+# an empty think block when the caller passes enable_thinking=false. Multi-turn histories
+# render as Qwen3's do (see the template's own comment), so a conversation regenerated with
+# thinking is not prefix-stable here either: earlier turns lose their reasoning.
 CHAT_TEMPLATE = (
     "{#- ChatML-with-thinking template written by the sglang_standin project for tests, "
-    "benchmarks and the demo; it imitates Qwen3's shape and is not Qwen's own template. -#}\n"
+    "benchmarks and the demo. It imitates the multi-turn behaviour of Qwen3's template "
+    "(Qwen/Qwen3-8B tokenizer_config.json) and is not Qwen's own text: an assistant turn "
+    "before the last user query loses its reasoning (read from reasoning_content, or split "
+    "off a content holding </think>); tool results in a row share one user turn; structured "
+    "tool_calls become <tool_call> JSON blocks. -#}\n"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) -%}\n"
+    "{%- for message in messages[::-1] -%}\n"
+    "{%- set index = (messages|length - 1) - loop.index0 -%}\n"
+    "{%- set text = message.content if message.content is string else '' -%}\n"
+    "{%- if ns.multi_step_tool and message.role == 'user' and not (text.startswith("
+    "'<tool_response>') and text.endswith('</tool_response>')) -%}\n"
+    "{%- set ns.multi_step_tool = false -%}\n"
+    "{%- set ns.last_query_index = index -%}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
     "{%- for message in messages -%}\n"
     "{%- set content = message.content if message.content is string else '' -%}\n"
     "{%- if message.role == 'assistant' -%}\n"
-    "{{- '<|im_start|>assistant\\n' -}}\n"
-    "{%- if message.reasoning_content is defined and message.reasoning_content -%}\n"
-    "{{- '<think>\\n' + message.reasoning_content.strip('\\n') + '\\n</think>\\n\\n' -}}\n"
+    "{%- set reasoning = '' -%}\n"
+    "{%- if message.reasoning_content is string -%}\n"
+    "{%- set reasoning = message.reasoning_content -%}\n"
+    "{%- elif '</think>' in content -%}\n"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+    ".lstrip('\\n') -%}\n"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}\n"
     "{%- endif -%}\n"
-    "{{- content + '<|im_end|>\\n' -}}\n"
+    "{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning) -%}\n"
+    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning.strip('\\n') + "
+    "'\\n</think>\\n\\n' + content.lstrip('\\n') -}}\n"
+    "{%- else -%}\n"
+    "{{- '<|im_start|>' + message.role + '\\n' + content -}}\n"
+    "{%- endif -%}\n"
+    "{%- if message.tool_calls -%}\n"
+    "{%- for call in message.tool_calls -%}\n"
+    "{%- set call = call.function if call.function is defined else call -%}\n"
+    "{%- if loop.first and not content -%}{{- '<tool_call>\\n' -}}"
+    "{%- else -%}{{- '\\n<tool_call>\\n' -}}{%- endif -%}\n"
+    "{{- '{\"name\": \"' + call.name + '\", \"arguments\": ' -}}\n"
+    "{%- if call.arguments is string -%}{{- call.arguments -}}"
+    "{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}\n"
+    "{{- '}\\n</tool_call>' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- endif -%}\n"
+    "{{- '<|im_end|>\\n' -}}\n"
     "{%- elif message.role == 'tool' -%}\n"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + content -}}\n"
-    "{{- '\\n</tool_response><|im_end|>\\n' -}}\n"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}"
+    "{{- '<|im_start|>user' -}}{%- endif -%}\n"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}\n"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endif -%}\n"
     "{%- else -%}\n"
     "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' -}}\n"
     "{%- endif -%}\n"

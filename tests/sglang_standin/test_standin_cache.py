@@ -76,8 +76,10 @@ def test_a_follow_up_turn_reuses_the_previous_prompt_and_answer(
     first = call("POST", server.url + "/v1/chat/completions", body).json()
     p1, n1 = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
     answer = first["choices"][0]["message"]["content"]
+    # A tool result follows: the answer stays after the last user query, so the template
+    # keeps its reasoning and the history renders as it was sampled.
     follow = [*turn, {"role": "assistant", "content": answer},
-              {"role": "user", "content": "And at sunset?"}]  # fmt: skip
+              {"role": "tool", "content": "sunset: 19:42"}]  # fmt: skip
     second = call("POST", server.url + "/v1/chat/completions", {**body, "messages": follow}).json()
     k = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     prompt2 = second["choices"][0]["prompt_token_ids"]
@@ -92,3 +94,28 @@ def test_a_follow_up_turn_reuses_the_previous_prompt_and_answer(
         sampled = first["choices"][0]["response_token_ids"]
         assert k < p1 + n1 - 1
         assert prompt2[p1:k] == sampled[: k - p1] and prompt2[k] != sampled[k - p1]
+
+
+def test_a_new_user_turn_drops_the_answers_reasoning_and_the_cache_ends_there(
+    make_server: ServerFactory, tokenizer: Any
+) -> None:
+    # Qwen3's template (imitated by the stand-in's) drops the reasoning of turns before the
+    # last user query: the history is not the sampled ids, and the cache match stops at the
+    # first token of the dropped think block.
+    server = make_server(enable_cache_report=True)
+    turn = [{"role": "user", "content": "Why is the sky blue?"}]
+    body = {"model": "m", "messages": turn, "separate_reasoning": False, "return_token_ids": True}
+    first = call("POST", server.url + "/v1/chat/completions", body).json()
+    answer = first["choices"][0]["message"]["content"]
+    assert answer.startswith("<think>") and "</think>" in answer
+    follow = [*turn, {"role": "assistant", "content": answer},
+              {"role": "user", "content": "And at sunset?"}]  # fmt: skip
+    second = call("POST", server.url + "/v1/chat/completions", {**body, "messages": follow}).json()
+    p1 = first["usage"]["prompt_tokens"]
+    prompt2 = second["choices"][0]["prompt_token_ids"]
+    sampled = first["choices"][0]["response_token_ids"]
+    common = next(i for i, (a, b) in enumerate(zip(prompt2[p1:], sampled, strict=False))
+                  if a != b)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == p1 + common
+    shown = tokenizer.decode(prompt2[p1:])
+    assert "</think>" not in shown and answer.split("</think>")[-1].strip() in shown

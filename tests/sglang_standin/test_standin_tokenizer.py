@@ -34,10 +34,23 @@ def test_small_vocab_has_special_tokens_and_chatml_template(tokenizer: Any) -> N
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello.<|im_end|>\n"
+        # As Qwen3's template does: a turn before the last user query loses its reasoning.
+        "<|im_start|>assistant\nHello.<|im_end|>\n"
         "<|im_start|>user\nSum 2 and 2<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
+    # After the last user query (a tool call's result follows) the reasoning is kept, whether
+    # given as reasoning_content or inside the content.
+    for answer in ({"content": "Hello.", "reasoning_content": "\nGreet back.\n"},
+                   {"content": "<think>\nGreet back.\n</think>\n\nHello."}):
+        chain = [*MESSAGES[:2], {"role": "assistant", **answer},
+                 {"role": "tool", "content": "4"}, {"role": "tool", "content": "5"}]
+        assert tokenizer.apply_chat_template(chain, tokenize=False) == (
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello.<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\n5\n"
+            "</tool_response><|im_end|>\n"
+        )
     off = tokenizer.apply_chat_template(
         MESSAGES[:2], tokenize=False, add_generation_prompt=True, enable_thinking=False
     )
