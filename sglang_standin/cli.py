@@ -72,6 +72,7 @@ class ServerConfig:
     slow_warmup_seconds: float = 0.0
     load_seconds: float = 0.0
     noncanonical_rate: float = 0.0
+    tool_call_rate: float = 0.0
     sampled_log_dir: str | None = None
     ignored_args: list[str] = field(default_factory=list)
 
@@ -310,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_rate,
         default=0.0,
         help="share of words sampled as a non-canonical token split (same text, other ids)",
+    )
+    s.add_argument(
+        "--standin-tool-call-rate",
+        type=_rate,
+        default=0.0,
+        help="share of answers to a prompt offering <tools> (not answering a tool result) "
+        "that call the first listed function instead of answering in prose",
     )
     s.add_argument(
         "--standin-sampled-log-dir",

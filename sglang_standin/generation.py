@@ -10,6 +10,13 @@ completion_tokens is the count the tokenizer itself would give the text. A real 
 sample a word as a non-canonical split (" hel" + "lo" where the tokenizer says " hello"): the
 same text, other ids. `noncanonical_rate` makes the stand-in do that for a share of its words,
 drawn from a second RNG stream, so the words stay what they are at rate 0.
+
+Tool calls: with `tool_call_rate` > 0, a prompt that offers functions (a `<tools>` block, as
+Hermes and Qwen3 system prompts list them) and whose last turn is not a tool result is
+answered, for that share of prompts (a third RNG stream), with one call to the first listed
+function, `<tool_call>\n{"name": ..., "arguments": {}}\n</tool_call>`, in place of prose (after
+the think block). A test double's choice, not a model of which calls a model makes: a
+conversation whose recorded call is that one continues, any other diverges.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +40,11 @@ GENERATION_PROMPT = "<|im_start|>assistant\n"
 # Word forms: " word", "Word" (after a line break), " Word" (after a period).
 _PLAIN, _CAP, _SPACE_CAP = 0, 1, 2
 _ALT_STREAM = 0x6E6F_6E63_616E  # salt of the RNG stream that picks non-canonical splits
+_TOOL_STREAM = 0x746F_6F6C  # salt of the RNG stream that decides whether to call a tool
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+_TOOLS_BLOCK = re.compile(r"<tools>(.*?)</tools>", re.S)
+_TOOL_RESULT_TURN = "<|im_start|>user\n<tool_response>"
 
 # Per-unit probabilities of punctuation; the rest are plain " word" units.
 _P_PARAGRAPH = 0.02
@@ -81,11 +94,13 @@ class CompletionWriter:
         seed: int = 0,
         lengths: LengthModel | None = None,
         noncanonical_rate: float = 0.0,
+        tool_call_rate: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer
         self.seed = seed
         self.lengths = lengths or LengthModel()
         self.noncanonical_rate = noncanonical_rate
+        self.tool_call_rate = tool_call_rate
 
         def enc(text: str) -> list[int]:
             return list(tokenizer.encode(text, add_special_tokens=False))
@@ -148,13 +163,34 @@ class CompletionWriter:
             tail = [*self._newline, self.think_end_id, *self._blank]
             ids += tail
             canon += len(tail)
-        self._segment(rng, alt, ids, canon, content_len, stop_at, closing=self._period)
+        call = self._tool_call(prompt, digest)
+        if call is not None:
+            ids += call
+        else:
+            self._segment(rng, alt, ids, canon, content_len, stop_at, closing=self._period)
         ids.append(self.eos_id)
         if len(ids) > stop_at:
             cut = ids[: int(stop_at)]
             return Completion(cut, detokenize(self.tokenizer, cut, None), "length", None, thinking)
         text = detokenize(self.tokenizer, ids, self.eos_id)
         return Completion(ids, text, "stop", self.eos_id, thinking)
+
+    def _tool_call(self, prompt: str, digest: int) -> list[int] | None:
+        """Return the ids of a call to the prompt's first listed function, or None (prose)."""
+        if self.tool_call_rate <= 0:
+            return None
+        last_turn = prompt[: -len(GENERATION_PROMPT)] if prompt.endswith(GENERATION_PROMPT) else ""
+        if last_turn.rfind("<|im_start|>") == last_turn.rfind(_TOOL_RESULT_TURN) != -1:
+            return None  # answering a tool result: prose
+        name = first_tool_name(prompt)
+        if name is None or random.Random(digest ^ _TOOL_STREAM).random() >= self.tool_call_rate:
+            return None
+        vocab = self.tokenizer.get_vocab()
+        start, end = vocab.get(TOOL_CALL_START), vocab.get(TOOL_CALL_END)
+        if start is None or end is None:
+            return None
+        body = json.dumps({"name": name, "arguments": {}})
+        return [start, *self.tokenizer.encode(f"\n{body}\n", add_special_tokens=False), end]
 
     def _natural_length(self, rng: random.Random) -> int:
         lm = self.lengths
@@ -222,6 +258,33 @@ class CompletionWriter:
         else:
             ids += word
         return canon + len(prefix) + len(word)
+
+
+def first_tool_name(prompt: str) -> str | None:
+    """Return the name of the first function the prompt's last ``<tools>`` block lists.
+
+    Hermes lists a JSON array of ``{"type": "function", "function": {...}}``; Qwen3 one JSON
+    object per line. None when there is no block or no name in it.
+    """
+    blocks = _TOOLS_BLOCK.findall(prompt)
+    if not blocks:
+        return None
+    text = blocks[-1].strip()
+    try:
+        items = json.loads(text)
+    except ValueError:
+        items = []
+        for line in text.splitlines():
+            try:
+                items.append(json.loads(line))
+            except ValueError:
+                continue
+    for item in items if isinstance(items, list) else [items]:
+        if isinstance(item, dict):
+            fn = item.get("function", item)
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                return fn["name"]
+    return None
 
 
 def noncanonical_splits(

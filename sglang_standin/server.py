@@ -89,6 +89,7 @@ class StandinServer:
                 config.median_output_tokens, config.output_sigma, config.max_output_tokens
             ),
             noncanonical_rate=config.noncanonical_rate,
+            tool_call_rate=config.tool_call_rate,
         )
         # The scheduler's model_config.think_end_ids: the parser's end tag, encoded.
         self.think_end_ids = list(self.tokenizer.encode(THINK_END, add_special_tokens=False))
