@@ -1,0 +1,88 @@
+"""Conversation affinity: which server takes a conversation's next turn.
+
+A turn goes to the server that answered the conversation's previous turn: its radix cache
+holds the history, so only the new turns cost prefill. It moves when that server cannot
+serve it well: resting or ejected (``generation.pool`` states), gone from the pool, or far
+busier than the least-loaded server in rotation (its window load, in-flight / window, above
+the least-loaded one's by more than ``busier_by``). A first turn goes to the least-loaded
+server. Each move carries its reason, for the counters.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+IN_ROTATION = "in rotation"
+RESTING = "resting"
+EJECTED = "ejected"
+
+#: Why a turn did not go to its conversation's previous server.
+MOVE_REASONS = ("resting", "ejected", "gone", "busier")
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What affinity needs of one server (``generation.pool.ServerState``): its url, state
+    (``in rotation``, ``resting``, ``ejected``), in-flight requests, window and free room."""
+
+    url: str
+    state: str
+    in_flight: int
+    window: int
+    free: int
+
+    @property
+    def load(self) -> float:
+        """Return the share of its window in use (a zero window counts as full)."""
+        return self.in_flight / self.window if self.window > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where the turn goes: ``url`` None when no server is in rotation; ``ready`` whether it
+    has room now (else the turn waits for it); ``moved`` and ``reason`` for the counters."""
+
+    url: str | None
+    moved: bool
+    reason: str
+    ready: bool = False
+
+
+def choose_server(
+    previous: str | None, servers: Sequence[ServerView], *, busier_by: float = 0.5
+) -> Choice:
+    """Return the server for a conversation's next turn (see the module docstring).
+
+    ``previous``: the url that answered its previous turn (None for a first turn).
+    ``busier_by``: how far above the least-loaded server's window load the previous server
+    may be and keep the turn (0.5: half a window); waiting for a busy server that holds the
+    history is often cheaper than prefilling it again elsewhere.
+    """
+    if busier_by < 0:
+        raise ValueError(f"busier_by must be >= 0, got {busier_by}")
+    rotation = [s for s in servers if s.state == IN_ROTATION]
+    if not rotation:
+        return Choice(None, False, "no_server")
+    # Least loaded first; among equals the one with the most room, then by url (stable).
+    best = min(rotation, key=lambda s: (s.load, -s.free, s.url))
+    if previous is None:
+        return Choice(best.url, False, "first_turn", best.free > 0)
+    home = next((s for s in servers if s.url == previous), None)
+    if home is None:
+        reason = "gone"
+    elif home.state == IN_ROTATION and home.load - best.load <= busier_by:
+        return Choice(home.url, False, "kept", home.free > 0)
+    elif home.state == IN_ROTATION:
+        reason = "busier"
+    else:
+        reason = EJECTED if home.state == EJECTED else RESTING
+    return Choice(best.url, True, reason, best.free > 0)
+
+
+def count_moves(choices: Iterable[Choice]) -> collections.Counter[str]:
+    """Return how many turns moved for each reason (every reason present)."""
+    counts = collections.Counter(dict.fromkeys(MOVE_REASONS, 0))
+    counts.update(c.reason for c in choices if c.moved)
+    return counts

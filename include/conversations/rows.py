@@ -1,0 +1,107 @@
+"""Exact rows of a regenerated conversation: one per turn, and one whole when prefix-stable.
+
+Every row is the server's ids: a turn's prompt ids (as the server tokenized them) + the ids
+it sampled, the loss on the sampled ids: exactly a single-turn row. A whole-conversation row
+is one sequence, the last turn's prompt + sampled ids, with the loss on every target turn's
+sampled ids; it is exact only where each turn's prompt starts, token by token, with the
+previous turn's prompt + sampled ids (the server kept the history as it was generated). A
+template that re-renders history differently (Qwen3 drops earlier turns' reasoning; a
+re-encoded answer may split into other tokens) is not prefix-stable: ``prefix_stability``
+says where it first differs, and the caller writes the per-turn rows instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from include.conversations.chain import ChainState
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training sequence and its loss mask; ``turns``: the target turns it trains on."""
+
+    conversation_id: str
+    turns: tuple[int, ...]
+    input_ids: list[int]
+    loss_mask: list[int]
+    finish_reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stability:
+    """Whether the turns are prefix-stable; else the first turn and position that differ."""
+
+    stable: bool
+    turn: int | None = None
+    position: int | None = None
+    detail: str = ""
+
+
+class NoServerIds(ValueError):
+    """A turn has no server ids: no exact row can be built from it."""
+
+
+def _ids(state: ChainState) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for turn in state.turns:
+        prompt, sampled = turn.result.prompt_token_ids, turn.result.response_token_ids
+        if prompt is None or sampled is None:
+            raise NoServerIds(f"{state.conversation_id}: turn {turn.index} has no server ids "
+                              "(a server older than SGLang 0.5.23, or return_token_ids off)")
+        out.append((prompt, sampled))
+    return out
+
+
+def turn_rows(state: ChainState) -> list[Row]:
+    """Return one row per target turn: its prompt ids + sampled ids, loss on the sampled.
+
+    Raises NoServerIds when a turn has none.
+    """
+    rows = []
+    for turn, (prompt, sampled) in zip(state.turns, _ids(state), strict=True):
+        rows.append(Row(state.conversation_id, (turn.index,), prompt + sampled,
+                        [0] * len(prompt) + [1] * len(sampled),
+                        (str(turn.result.finish_reason),)))
+    return rows
+
+
+def prefix_stability(turns: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Stability:
+    """Return whether each turn's prompt ids start with the previous prompt + sampled ids.
+
+    ``turns``: ``(prompt_ids, sampled_ids)`` per turn, in order. On the first difference,
+    ``turn`` is the later turn and ``position`` the index in its prompt ids (the shorter
+    length where one sequence ends first).
+    """
+    for k in range(1, len(turns)):
+        before = [*turns[k - 1][0], *turns[k - 1][1]]
+        prompt = turns[k][0]
+        for i, token in enumerate(before):
+            if i >= len(prompt):
+                return Stability(False, k, i, f"turn {k}'s prompt has {len(prompt)} ids, "
+                                              f"fewer than turn {k - 1}'s {len(before)}")
+            if prompt[i] != token:
+                return Stability(False, k, i, f"turn {k}'s prompt id {i} is {prompt[i]}, "
+                                              f"turn {k - 1} had {token} there")
+    return Stability(True)
+
+
+def conversation_row(state: ChainState) -> Row | Stability:
+    """Return the whole-conversation row, or the ``Stability`` that says why there is none.
+
+    One sequence (the last turn's prompt + sampled ids), the loss on every target turn's
+    sampled ids at the positions where the server sampled them. Raises NoServerIds.
+    """
+    pairs = _ids(state)
+    if not pairs:
+        return Stability(False, None, None, "no target turns")
+    stability = prefix_stability(pairs)
+    if not stability.stable:
+        return stability
+    ids = [*pairs[-1][0], *pairs[-1][1]]
+    mask = [0] * len(ids)
+    for prompt, sampled in pairs:
+        mask[len(prompt):len(prompt) + len(sampled)] = [1] * len(sampled)
+    return Row(state.conversation_id, tuple(t.index for t in state.turns), ids, mask,
+               tuple(str(t.result.finish_reason) for t in state.turns))

@@ -1,0 +1,128 @@
+"""Tool-call pairing: parallel, reordered, key order, string arguments, every divergence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from include.conversations.tools import (
+    agent_actions,
+    calls_of,
+    pair_calls,
+    tool_calls,
+    unwrap_tool_response,
+)
+from tests.unit.conversations.dialogues import call
+
+PARIS = call("get_weather", city="Paris", unit="C")
+TOKYO = call("get_time", zone="JST")
+
+
+def paired(original: str, regenerated: str, *, results: bool = True,
+           fmt: str = "tool_call") -> bool:
+    return pair_calls(original, regenerated, fmt, results_follow=results).paired
+
+
+def test_parallel_calls_are_all_read_and_sorted() -> None:
+    calls = tool_calls(PARIS + "\n" + TOKYO + "\n" + PARIS)
+    assert calls.valid
+    assert len(calls.calls) == 3
+    assert sorted(json.loads(c)["name"] for c in calls.calls) == ["get_time", "get_weather",
+                                                                  "get_weather"]
+    assert calls.calls.count(tool_calls(PARIS).calls[0]) == 2
+    assert list(calls.calls) == sorted(calls.calls)
+
+
+def test_reordered_parallel_calls_pair() -> None:
+    assert paired(PARIS + TOKYO, TOKYO + "\n\n" + PARIS)
+
+
+def test_argument_key_order_and_whitespace_do_not_matter() -> None:
+    original = '<tool_call>{"name": "f", "arguments": {"a": 1, "b": [1, 2]}}</tool_call>'
+    ours = '<tool_call>\n{ "arguments": {"b": [1,2], "a": 1.0}, "name": "f" }\n</tool_call>'
+    assert paired(original, ours)
+
+
+def test_arguments_as_a_json_string_equal_the_object() -> None:
+    original = '<tool_call>{"name": "f", "arguments": "{\\"x\\": \\"y\\"}"}</tool_call>'
+    assert paired(original, '<tool_call>{"name": "f", "arguments": {"x": "y"}}</tool_call>')
+
+
+def test_a_missing_parallel_call_diverges() -> None:
+    result = pair_calls(PARIS + TOKYO, PARIS, "tool_call", results_follow=True)
+    assert not result.paired
+    assert "1 of the original's not made" in result.detail and "get_time" in result.detail
+
+
+def test_a_repeated_call_is_not_the_same_as_one() -> None:
+    assert not paired(PARIS + PARIS, PARIS)
+
+
+@pytest.mark.parametrize(("ours", "why"), [
+    (call("get_weather", city="Lyon", unit="C"), "calls differ"),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"</tool_call>',
+     "cannot be read"),
+    ("It is sunny in Paris.", "no call where"),
+    ('<tool_call>{"name": "get_weather", "arguments": {}}', "cannot be read"),  # cut off
+    ('<tool_call>{"arguments": {}}</tool_call>', "cannot be read"),  # no name
+    ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "cannot be read"),
+])
+def test_divergent_turns_say_why(ours: str, why: str) -> None:
+    result = pair_calls(PARIS, ours, "tool_call", results_follow=True)
+    assert not result.paired
+    assert why in result.detail
+
+
+def test_a_call_where_the_original_made_none_diverges() -> None:
+    result = pair_calls("Just text.", PARIS, "tool_call", results_follow=False)
+    assert (result.paired, result.detail) == (False, "1 call(s) where the original made none")
+
+
+def test_no_call_on_either_side_pairs_when_no_result_follows() -> None:
+    assert paired("Some answer.", "Another answer.", results=False)
+
+
+def test_a_tool_result_after_an_original_without_calls_never_pairs() -> None:
+    result = pair_calls("no call", "no call either", "tool_call", results_follow=True)
+    assert not result.paired and "made no call" in result.detail
+
+
+def test_the_dataset_side_may_be_a_python_literal_but_the_target_must_write_json() -> None:
+    hermes_v1 = "<tool_call>\n{'arguments': {'city': 'Paris', 'unit': 'C'}, " \
+                "'name': 'get_weather'}\n</tool_call>"
+    assert paired(hermes_v1, PARIS)
+    assert not paired(PARIS, hermes_v1)
+
+
+def test_an_unreadable_original_diverges() -> None:
+    result = pair_calls("<tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "tool_call",
+                        results_follow=True)
+    assert not result.paired and "original turn's calls cannot be read" in result.detail
+
+
+def test_calls_inside_the_thinking_block_do_not_count() -> None:
+    assert tool_calls(f"<think>\nmaybe {TOKYO}?\n</think>\n\n{PARIS}").calls == \
+        tool_calls(PARIS).calls
+    assert tool_calls(f"<think>{PARIS}</think>\n\nNo call needed.").calls == ()
+
+
+def test_agent_actions_pair_on_the_action_and_its_code() -> None:
+    original = "Think: list files.\n\nAct: bash\n\n```bash\nls  -a\n```"
+    assert agent_actions(original).calls == ('["bash", "ls -a"]',)
+    assert paired(original, "Think: look.\nAct: bash\n```bash\nls -a\n```", fmt="agent_action")
+    assert not paired(original, "Act: bash\n```bash\nls\n```", fmt="agent_action")
+    assert not paired(original, "Act: finish", fmt="agent_action")
+    assert paired("OK.", "Sure.", results=False, fmt="agent_action")
+
+
+def test_an_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown call format"):
+        calls_of("x", "xml")
+
+
+def test_one_enclosing_tool_response_is_unwrapped_and_nothing_else() -> None:
+    assert unwrap_tool_response('<tool_response>\n{"a": 1}\n</tool_response>') == '{"a": 1}'
+    combined = "<tool_response>1</tool_response>\n<tool_response>2</tool_response>"
+    assert unwrap_tool_response(combined) == combined
+    assert unwrap_tool_response('{"a": 1}') == '{"a": 1}'
