@@ -18,6 +18,11 @@ SourceKind = Literal[
     "auto", "infinity_instruct", "webinstructsub", "codefeedback", "metamathqa",
     "hermes_function_calling", "agentinstruct", "orca_agentinstruct", "agent_flan",
 ]
+#: The output quality filters (``include.quality.QUALITY_FILTERS``), by name.
+QualityFilter = Literal[
+    "degenerate_repetition", "unclosed_think", "empty_answer", "invalid_tool_call_json",
+    "near_duplicate",
+]
 MultiTurnPolicy = Literal["first_user", "until_first_trained_assistant", "until_last_user"]
 # The look-ahead refuses a trailing newline, which `$` lets through in Python's `re` (used by
 # Airflow's form validation) but not in JavaScript: one pattern, one meaning, everywhere.

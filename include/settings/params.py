@@ -15,7 +15,7 @@ from include.settings.run import RunSettings, SourceSettings
 
 #: JSON-schema keywords the Airflow trigger form understands (the rest is pydantic's own).
 _FORM_KEYS = ("type", "minimum", "maximum", "enum", "pattern", "items", "properties",
-              "additionalProperties", "required", "minLength", "maxLength")
+              "additionalProperties", "required", "minLength", "maxLength", "examples")
 
 
 def _inline(schema: Any, defs: dict[str, Any]) -> Any:

@@ -19,6 +19,7 @@ from include.settings.fields import (
     REPO_ROOT,
     SAMPLE_DATA_DIR,
     SHARD_RANGE_PATTERN,
+    QualityFilter,
     SourceSettings,
 )
 
@@ -26,9 +27,11 @@ from include.settings.fields import (
 __all__ = ["PREPARATION_SETTINGS", "REPO_ROOT", "SAMPLE_DATA_DIR", "RunSettings", "SourceSettings"]
 
 
-def _s(section: str, title: str, description: str, default: Any, **kw: Any) -> Any:
-    return Field(default, title=title, description=description,
-                 json_schema_extra={"section": section}, **kw)
+def _s(section: str, title: str, description: str, default: Any,
+       examples: list[Any] | None = None, **kw: Any) -> Any:
+    # ``examples`` on a list makes the trigger form show a multi-select of those values.
+    extra = {"section": section, **({"examples": examples} if examples else {})}
+    return Field(default, title=title, description=description, json_schema_extra=extra, **kw)
 
 
 class RunSettings(BaseModel):
@@ -176,6 +179,14 @@ class RunSettings(BaseModel):
     include_reasoning: bool = _s("Tokenization", "Include reasoning",
                                 "Render the reasoning (<think>...</think>) into the training "
                                 "text.", True)
+    quality_filters_off: list[QualityFilter] = _s(
+        "Tokenization", "Quality filters off",
+        "Output quality filters not to run; each one keeps completions out of the samples, "
+        "quarantined and counted with its name as the reason: degenerate_repetition (a "
+        "loop), unclosed_think (a finished turn still thinking), empty_answer (nothing after "
+        "thinking), invalid_tool_call_json (a Hermes tool_call block whose body is not a "
+        "JSON object with name and arguments), near_duplicate (one answer given to different "
+        "prompts, within a shard). Empty: all run.", [], examples=list(QualityFilter.__args__))
     # --- Quality gates ------------------------------------------------------------------
     max_truncation_rate: float = _s(
         "Quality gates", "Max truncation rate",
@@ -192,7 +203,7 @@ class RunSettings(BaseModel):
     max_quarantine_rate: float = _s(
         "Quality gates", "Max quarantine rate",
         "Fail the run when more than this share of completions were quarantined by the "
-        "tokenization checks.", 0.01, ge=0.0, le=1.0)
+        "tokenization checks or the output quality filters.", 0.01, ge=0.0, le=1.0)
 
     _deployment: Any = PrivateAttr(None)
 

@@ -5,6 +5,7 @@ from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
 from include.tokenization.outputs import (
     DROP_REASONS,
+    QUALITY_REASONS,
     QUARANTINE_REASONS,
     Sample,
     TokenizeResult,
@@ -19,6 +20,7 @@ from include.tokenization.tokenizer import (
 
 __all__ = [
     "DROP_REASONS",
+    "QUALITY_REASONS",
     "QUARANTINE_REASONS",
     "ChatTokenizer",
     "Sample",

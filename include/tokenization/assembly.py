@@ -31,6 +31,7 @@ class TokenizeOptions:
     """The settings of the tokenization stage (names as in ``RunSettings``).
 
     ``enable_thinking`` is used only for records without ``sampling.enable_thinking``.
+    ``quality_filters_off`` names the output quality filters (``include.quality``) not run.
     """
 
     include_reasoning: bool = True
@@ -38,6 +39,7 @@ class TokenizeOptions:
     over_length: Literal["drop", "truncate"] = "drop"
     keep_truncated_completions: bool = False
     enable_thinking: bool = True
+    quality_filters_off: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.over_length not in ("drop", "truncate"):
@@ -54,6 +56,7 @@ class TokenizeOptions:
             over_length=settings.over_length,
             keep_truncated_completions=settings.keep_truncated_completions,
             enable_thinking=settings.enable_thinking,
+            quality_filters_off=frozenset(getattr(settings, "quality_filters_off", None) or ()),
         )
 
 

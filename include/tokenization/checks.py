@@ -24,9 +24,11 @@ from collections.abc import Iterable, Mapping
 from itertools import compress
 from typing import Any, NamedTuple
 
+from include.quality import QualityOptions, filter_records
 from include.tokenization.assembly import Pending, TokenizeOptions, assemble
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.outputs import Sample, TokenizeResult
+from include.tokenization.provenance import provenance
 
 
 class Built(NamedTuple):
@@ -47,7 +49,8 @@ def tokenize_completions(
 
     ``tokenizer`` is a loaded fast tokenizer or a ``ChatTokenizer`` (reuse one across calls
     to pay its set-up once). Records that do not become samples are listed in the result's
-    ``quarantined`` (a check failed) or ``dropped`` (a setting excluded them) with reasons.
+    ``quarantined`` (an output quality filter or a check failed) or ``dropped`` (a setting
+    excluded them) with reasons. The quality filters run first, on the records as generated.
     """
     options = options or TokenizeOptions()
     chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else ChatTokenizer(tokenizer)
@@ -58,11 +61,22 @@ def tokenize_completions(
             "over_length": options.over_length,
             "keep_truncated_completions": options.keep_truncated_completions,
             "tokenizer": str(getattr(chat.tokenizer, "name_or_path", "")),
+            "quality_filters_off": sorted(options.quality_filters_off),
         }
     )
+    records = list(records)
+    result.input_records = len(records)
+    kept, filtered = filter_records(records, QualityOptions(
+        off=options.quality_filters_off,
+        enable_thinking=options.enable_thinking,
+        prompt_opens_thinking=chat.thinking_prompt_opens_think(),
+        # Cut completions are judged only when they will be trained on; otherwise the
+        # ``truncated_completion`` drop already keeps them out, counted as such.
+        check_truncated=options.keep_truncated_completions,
+    ))
+    result.quarantined.extend(filtered)
     pending: list[Pending] = []
-    for record in records:
-        result.input_records += 1
+    for record in kept:
         prepared = assemble(record, chat, options)
         if isinstance(prepared, tuple):
             kind, reason, detail = prepared
@@ -165,4 +179,4 @@ def _keep(
         result.truncated_to_max_length += 1
     result.token_source[p.token_source] += 1
     result.samples.append(Sample(p.id, p.source, p.finish_reason, ids, mask, p.conversation,
-                                 p.token_source))
+                                 p.token_source, provenance(p.record)))

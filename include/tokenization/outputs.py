@@ -1,8 +1,9 @@
 """What the tokenization stage writes: samples, the records kept out, and their three files.
 
-A tokenized shard is published as ``tokenized/shard-NNNNN.parquet`` (the samples),
-``.conversations.jsonl`` (SpecForge-style conversations) and ``.manifest.json`` (counts,
-every record kept out with its reason, length statistics); see docs/data-layout.md.
+A tokenized shard is published as ``tokenized/shard-NNNNN.parquet`` (the samples, each with
+its provenance: ``provenance.py``), ``.conversations.jsonl`` (SpecForge-style conversations)
+and ``.manifest.json`` (counts, every record kept out with its reason, length statistics); see
+docs/data-layout.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
-#: Why a record was kept out because a check failed (the sample would be wrong).
+from include.quality import QUALITY_FILTERS
+from include.tokenization.provenance import PROVENANCE_COLUMNS, provenance_object
+
+#: Why a record was kept out by an output quality filter (the completion is not worth
+#: training on): each filter's name (include/quality). Also in ``QUARANTINE_REASONS``.
+QUALITY_REASONS = QUALITY_FILTERS
+#: Why a record was kept out because a check failed (the sample would be wrong), then the
+#: quality filters' reasons.
 QUARANTINE_REASONS = (
     "invalid_record",
     "unexpected_finish_reason",
@@ -30,6 +38,7 @@ QUARANTINE_REASONS = (
     "masked_ids_mismatch",
     "mask_all_zero",
     "mask_all_one",
+    *QUALITY_REASONS,
 )
 #: Where a sample's ids come from: the server's own, or the raw text encoded by the stage.
 TOKEN_SOURCES = ("server", "text")
@@ -48,6 +57,8 @@ class Sample:
     loss_mask: list[int]
     conversation: list[dict[str, str]]
     token_source: str = "server"
+    #: ``provenance.PROVENANCE_COLUMNS`` read off the record (run and shard from the result).
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -72,6 +83,14 @@ class TokenizeResult:
     prompt_render_differs: int = 0
     #: Finished turns whose ids stop before the end-of-turn token (closed, untrained).
     closed_by_template: int = 0
+    #: The run and shard the samples came from (``run_name``, ``shard``), set by the stage.
+    origin: dict[str, str | None] = field(default_factory=dict)
+
+    def provenance_rows(self) -> list[dict[str, Any]]:
+        """Return each sample's provenance, every column present (None when unknown)."""
+        names = [name for name, _ in PROVENANCE_COLUMNS]
+        return [{n: {**s.provenance, **self.origin}.get(n) for n in names}
+                for s in self.samples]
 
     def manifest(self) -> dict[str, Any]:
         """Return counts, quarantined/dropped ids with reasons, and length statistics.
@@ -117,6 +136,10 @@ class TokenizeResult:
         # Flatten through numpy: pyarrow's own conversion of long Python int lists is slow.
         ids = np.array(list(chain.from_iterable(s.input_ids for s in samples)), dtype=np.int32)
         mask = np.array(list(chain.from_iterable(s.loss_mask for s in samples)), dtype=np.int8)
+        rows = self.provenance_rows()
+        schema = parquet_schema()
+        extra = [pa.array([r[name] for r in rows], schema.field(name).type)
+                 for name, _ in PROVENANCE_COLUMNS]
         table = pa.Table.from_arrays(
             [
                 pa.ListArray.from_arrays(offsets, pa.array(ids)),
@@ -126,20 +149,24 @@ class TokenizeResult:
                 pa.array([s.id for s in samples], pa.string()),
                 pa.array([s.finish_reason for s in samples], pa.string()),
                 pa.array([s.token_source for s in samples], pa.string()),
+                *extra,
             ],
-            schema=parquet_schema(),
+            schema=schema,
         )
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
         return buf.getvalue()
 
     def conversations_jsonl(self) -> bytes:
-        """Return SpecForge-style lines ``{"id", "conversations": [{"role", "content"}]}``."""
+        """Return SpecForge-style lines ``{"id", "conversations": [{"role", "content"}]}``,
+        each with its row's ``provenance`` object beside them."""
         lines = [
             json.dumps(
-                {"id": s.id, "conversations": s.conversation}, ensure_ascii=False, sort_keys=True
+                {"id": s.id, "conversations": s.conversation,
+                 "provenance": provenance_object(row)},
+                ensure_ascii=False, sort_keys=True,
             )
-            for s in self.samples
+            for s, row in zip(self.samples, self.provenance_rows(), strict=True)
         ]
         return ("\n".join(lines) + "\n").encode() if lines else b""
 
@@ -157,6 +184,7 @@ def parquet_schema() -> Any:
             ("id", pa.string()),
             ("finish_reason", pa.string()),
             ("token_source", pa.string()),
+            *((name, getattr(pa, kind)()) for name, kind in PROVENANCE_COLUMNS),
         ]
     )
 

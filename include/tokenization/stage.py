@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from include.layout import generated_keys, shard_index, tokenized_keys
+from include.layout import shard_id as shard_name
 from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
@@ -50,9 +51,11 @@ def tokenize_shard(
     index: int,
     tokenizer: Any,
     options: TokenizeOptions | None = None,
+    run_name: str | None = None,
 ) -> dict[str, Any]:
     """Tokenize shard ``index``'s completion records and publish its tokenized files.
 
+    Every row records ``run_name`` and the shard (``shard-NNNNN``) among its provenance.
     Reads ``generated/shard-NNNNN.jsonl``, writes ``tokenized/shard-NNNNN.*`` (keys from
     ``include.layout``), create-only through ``include.storage.publish_files``: a retry with
     the same inputs and settings rewrites nothing; the manifest (returned) is written last.
@@ -70,6 +73,7 @@ def tokenize_shard(
                 where = f"{store.uri(source_key)} line {lineno}"
                 raise ValueError(f"{where}: not JSON ({exc})") from None
     result = tokenize_completions(tokenizer, records, options)
+    result.origin = {"run_name": run_name, "shard": shard_name(index)}
     parquet_key, conv_key, manifest_key = tokenized_keys(index)
     manifest = {"shard": index, "source": source_key, **result.manifest()}
     published = publish_files(
@@ -90,6 +94,7 @@ def tokenize_run_shard(settings: Any, shard_id: str, store: Any) -> dict[str, An
     """Tokenize one shard of a run with the run's tokenizer and settings; return its manifest."""
     tokenizer = _chat_tokenizer(settings.tokenizer_path or settings.model_path)
     manifest = tokenize_shard(store, shard_index(shard_id), tokenizer,
-                              TokenizeOptions.from_settings(settings))
+                              TokenizeOptions.from_settings(settings),
+                              run_name=getattr(settings, "run_name", None))
     log.info("%s: tokenized %s", shard_id, json.dumps(manifest["counts"]))
     return manifest

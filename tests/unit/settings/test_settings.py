@@ -198,6 +198,12 @@ def test_trigger_form_has_one_typed_param_per_run_setting_and_no_deployment_sett
     assert params["enable_thinking"].schema["type"] == "boolean"
     assert params["tokenizer_path"].schema["type"] == ["string", "null"]
     assert params["sources"].schema["items"]["properties"]["kind"]["enum"][0] == "auto"
+    from include.quality import QUALITY_FILTERS
+
+    # A multi-select of the filters' names (the form shows one for an array with examples).
+    off = params["quality_filters_off"].schema
+    assert off["items"]["enum"] == off["examples"] == list(QUALITY_FILTERS)
+    assert params["quality_filters_off"].resolve(["near_duplicate"]) == ["near_duplicate"]
     sections = [p.schema["section"] for p in params.values()]
     assert sections.index("Quality gates") > sections.index("Tokenization")
     assert all(p.schema.get("section") and p.schema.get("title") for p in params.values())

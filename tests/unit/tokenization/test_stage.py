@@ -283,7 +283,8 @@ def test_truncated_completions_are_dropped_unless_kept(
 
 def test_over_length_drop_and_truncate_are_counted(hf_tokenizer: Any, chat: ChatTokenizer) -> None:
     short = record(hf_tokenizer, 0, content="Four.")
-    long = record(hf_tokenizer, 1, content="four " * 200)
+    # Long, but not a loop ("four " * 200 is one: the repetition filter would take it).
+    long = record(hf_tokenizer, 1, content=" ".join(f"four{i}" for i in range(200)))
     limit = tokenize_completions(chat, [short]).samples[0].length + 5
     dropped = tokenize_completions(chat, [short, long], TokenizeOptions(max_sequence_length=limit))
     assert [s.id for s in dropped.samples] == [short["id"]]
@@ -322,6 +323,20 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
             ("id", pa.string()),
             ("finish_reason", pa.string()),
             ("token_source", pa.string()),
+            ("run_name", pa.string()),
+            ("shard", pa.string()),
+            ("model", pa.string()),
+            ("server", pa.string()),
+            ("server_version", pa.string()),
+            ("prompt_tokens", pa.int32()),
+            ("completion_tokens", pa.int32()),
+            ("cached_tokens", pa.int32()),
+            ("sampling_temperature", pa.float64()),
+            ("sampling_top_p", pa.float64()),
+            ("sampling_top_k", pa.int32()),
+            ("sampling_max_tokens", pa.int32()),
+            ("sampling_enable_thinking", pa.bool_()),
+            ("sampling", pa.string()),
         ]
     )
     rows = table.to_pylist()
@@ -330,7 +345,7 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
     assert rows[2]["input_ids"] == result.samples[2].input_ids
     lines = result.conversations_jsonl().decode().splitlines()
     first = json.loads(lines[0])
-    assert len(lines) == 6 and set(first) == {"id", "conversations"}
+    assert len(lines) == 6 and set(first) == {"id", "conversations", "provenance"}
     assert all(set(turn) == {"role", "content"} for turn in first["conversations"])
     assert [t["role"] for t in first["conversations"]] == ["system", "user", "assistant"]
     manifest = result.manifest()
@@ -415,3 +430,4 @@ def test_the_byte_table_decodes_as_the_tokenizer_does(chat: ChatTokenizer) -> No
         assert chat.decodes_to(ids, text)
         assert not chat.decodes_to(ids, text + "x")
         assert not chat.decodes_to(ids[:-1], text)
+

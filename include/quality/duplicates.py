@@ -1,0 +1,78 @@
+"""The near-duplicate filter: one answer given to different prompts (a template answer).
+
+Within one shard, in record order: an answer whose word-shingle Jaccard similarity to an
+earlier kept answer of *another* prompt is at least ``near_dup_jaccard`` is quarantined; the
+first of each group is kept. Answers of fewer than ``near_dup_min_words`` different words
+are not compared: short answers ("4", "Yes.") legitimately coincide, and so do answers made
+mostly of a few symbols (a truth table of ``| T | F |``). Candidates come from MinHash with LSH
+bands (16 bands of 4 hashes: a pair at Jaccard 0.75 shares a band with probability 0.998),
+then the exact Jaccard decides, so the outcome does not depend on hash luck at the
+threshold. Hashes are CRC-32 and fixed seeds: a retried shard quarantines the same rows.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+
+from include.quality.parts import Parts, QualityOptions
+
+_BANDS, _ROWS = 16, 4
+_PRIME = 4294967311  # the first prime above 2**32: a*x + b stays below 2**64
+_SEED = 20261201
+
+
+def _permutations() -> tuple[object, object]:
+    import numpy as np
+
+    rng = np.random.default_rng(_SEED)
+    count = _BANDS * _ROWS
+    a = rng.integers(1, 2**32 - 1, size=(count, 1), dtype=np.uint64)
+    b = rng.integers(0, 2**32 - 1, size=(count, 1), dtype=np.uint64)
+    return a, b
+
+
+def shingles(answer: str, size: int) -> frozenset[str]:
+    """Return the answer's word ``size``-grams, lowercased, white space folded."""
+    words = answer.lower().split()
+    return frozenset(" ".join(words[i: i + size]) for i in range(max(len(words) - size + 1, 1)))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """Return |a & b| / |a | b| (0.0 for two empty sets)."""
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+def near_duplicates(items: Sequence[Parts], options: QualityOptions) -> dict[int, str]:
+    """Return ``{index: detail}`` of the items that repeat an earlier kept item's answer."""
+    import numpy as np
+
+    a, b = _permutations()
+    buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    sets: dict[int, frozenset[str]] = {}
+    found: dict[int, str] = {}
+    for i, parts in enumerate(items):
+        if len(set(parts.answer.lower().split())) < options.near_dup_min_words:
+            continue
+        grams = shingles(parts.answer, options.near_dup_shingle)
+        hashed = np.fromiter((zlib.crc32(g.encode()) for g in grams), np.uint64, len(grams))
+        signature = ((a * hashed[None, :] + b) % _PRIME).min(axis=1).astype(np.uint32)
+        keys = [(band, signature[band * _ROWS: (band + 1) * _ROWS].tobytes())
+                for band in range(_BANDS)]
+        candidates = sorted({j for key in keys for j in buckets.get(key, ())})
+        best: tuple[float, int] | None = None
+        for j in candidates:
+            if items[j].prompt_key == parts.prompt_key:
+                continue  # the same prompt twice may well get the same answer
+            score = jaccard(grams, sets[j])
+            if score >= options.near_dup_jaccard and (best is None or score > best[0]):
+                best = (score, j)
+        if best is not None:
+            found[i] = f"answer repeats {items[best[1]].id} (word-shingle Jaccard {best[0]:.2f})"
+            continue
+        sets[i] = grams
+        for key in keys:
+            buckets[key].append(i)
+    return found
