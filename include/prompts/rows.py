@@ -16,8 +16,11 @@ from include.prompts.encoding import encode_record
 from include.prompts.funnel import SourceFunnel
 from include.prompts.readers import MALFORMED_KEY, RowBatch
 from include.prompts.schemas import Kind, MalformedRow
-from include.prompts.turns import DropRow, dedupe_key, to_messages
+from include.prompts.turns import WHOLE, DropRow, dedupe_key, to_messages
 from include.settings import RunSettings, SourceSettings
+
+#: Source kinds whose assistant turns act by ``Act:``/``Action:`` lines, not tool calls.
+AGENT_KINDS = frozenset({"agentinstruct", "agent_flan"})
 
 #: Prompt lengths of a batch's conversations (characters or tokens; ``sources.length_counter``).
 LengthCounter = Callable[[Sequence[list[dict[str, str]]]], Sequence[int]]
@@ -44,6 +47,14 @@ class SourceState:
         self.languages = set(source.languages) if source.languages is not None else None
         self.excluded = set(source.exclude_sources)
         self.id_prefix = f"{source.name}:{source.config or 'default'}:"
+        #: Whole conversations (``turns: all``): every turn kept, the engine regenerates each.
+        self.whole = self.settings.source_turns(source) == "all"
+        self.policy = WHOLE if self.whole else source.multi_turn
+
+    @property
+    def call_format(self) -> str:
+        """How the source's assistant turns act: ``<tool_call>`` blocks or agent actions."""
+        return "agent_action" if self.kind and self.kind.name in AGENT_KINDS else "tool_call"
 
     def length_ok(self, rid: str, length: int) -> bool:
         """Return whether a prompt's length is within bounds; count the drop if not."""
@@ -105,7 +116,7 @@ def read_rows(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[by
         rid = row_id(state.id_prefix, row.get(kind.id_column) if kind.id_column else None,
                      index, state.seen_ids)
         try:
-            messages = to_messages(kind.turns(row), source.multi_turn)
+            messages = to_messages(kind.turns(row), state.policy)
         except MalformedRow as exc:
             funnel.drop("malformed", rid, str(exc))
             continue
@@ -127,5 +138,8 @@ def read_rows(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[by
             continue
         keys.append(dedupe_key(messages))
         record = {"id": rid, "source": source.name, "messages": messages, "metadata": meta}
+        if state.whole:
+            record["turns"] = "all"
+            record["call_format"] = state.call_format
         lines.append(encode_record(record))
     return keys, lines

@@ -84,6 +84,7 @@ def column_wise(state: SourceState, batch: RowBatch) -> bool:
         and (kind.text_column is not None or kind.turn_list is not None)
         and kind.extra_metadata is None
         and state.source.multi_turn in POLICIES
+        and not state.whole  # whole conversations keep every turn: row by row
         and not {"source_kind", "config"} & set(kind.metadata_columns)
     )
 

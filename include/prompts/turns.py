@@ -7,6 +7,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
+from include.conversations.tools import unwrap_tool_response
 from include.prompts.schemas import ROLE_NAMES, RawTurn
 
 Message = dict[str, str]
@@ -14,6 +15,9 @@ Message = dict[str, str]
 
 #: The multi-turn policies ``to_messages`` knows.
 POLICIES = ("first_user", "until_first_trained_assistant", "until_last_user")
+#: The policy of a source whose turns are ``all``: the whole conversation, original assistant
+#: turns included (the engine regenerates each and pairs tool results with their calls).
+WHOLE = "whole_conversation"
 #: Drop details shared with the prepare stage's column-wise path for flat layouts.
 EMPTY_DETAIL = "the last prompt turn is empty or whitespace"
 INVALID_UNICODE_DETAIL = "text holds invalid unicode (lone surrogates)"
@@ -34,7 +38,8 @@ def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
     Policies: ``first_user`` (system turns before it + the first user turn),
     ``until_first_trained_assistant`` (every turn before the first assistant turn with
     ``loss`` true; where the set has no loss flags, the first assistant turn),
-    ``until_last_user`` (every turn up to the last user turn). Raises DropRow.
+    ``until_last_user`` (every turn up to the last user turn), ``WHOLE`` (every turn, tool
+    results unwrapped of the dataset's ``<tool_response>``). Raises DropRow.
     """
     if len(turns) == 1:
         return _one_turn(turns[0], policy)
@@ -67,6 +72,11 @@ def _many_turns(turns: Sequence[RawTurn], policy: str) -> list[Message]:
             raise DropRow("no_user_turn", "no user turn before the first trained assistant turn")
     elif policy == "until_last_user":
         kept = mapped[: users[-1] + 1]
+    elif policy == WHOLE:
+        # Hermes wraps tool results in <tool_response> itself; the chat template wraps them
+        # again, so the dataset's own wrapper goes.
+        kept = [(r, RawTurn(t.role, unwrap_tool_response(t.content), t.loss) if r == "tool" else t)
+                for r, t in mapped]
     else:  # settings validation makes this unreachable; fail loudly rather than guess
         raise ValueError(f"unknown multi_turn policy {policy!r}")
 
@@ -87,7 +97,7 @@ def _one_turn(turn: RawTurn, policy: str) -> list[Message]:
         raise DropRow("unknown_role", f"role {turn.role!r}")
     if role != "user":
         raise DropRow("no_user_turn", f"roles {[role]}")
-    if policy not in POLICIES:
+    if policy not in (*POLICIES, WHOLE):
         raise ValueError(f"unknown multi_turn policy {policy!r}")
     content = turn.content
     if not content.strip():

@@ -46,7 +46,7 @@ class SourceSettings(BaseModel):
     """One source dataset: chosen by name from the deployment's catalogue, or a hub id or path.
 
     For a catalogue name only the sampling keys (quota, languages, exclude_sources,
-    multi_turn) may be given; the location comes from the catalogue.
+    multi_turn, turns) may be given; the location comes from the catalogue.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, regex_engine="python-re")
@@ -80,6 +80,10 @@ class SourceSettings(BaseModel):
         description="Which turns make the prompt: 'first_user' (system + first user turn), "
         "'until_first_trained_assistant' (every turn before the first assistant turn with "
         "loss=true), 'until_last_user' (every turn up to the last user turn).")
+    turns: Literal["first", "all"] | None = Field(
+        None, title="Turns",
+        description="'all': regenerate whole conversations from this source (multi_turn is "
+        "then not used); 'first': one answer per prompt. Empty: the run's turns.")
 
     #: Keys that say where a source is, as opposed to how its rows are sampled.
     LOCATION_KEYS: ClassVar[tuple[str, ...]] = (

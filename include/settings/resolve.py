@@ -113,7 +113,7 @@ def _resolve_sources(
                     f"setting `sources[{i}]` ({src.name}): {moved} given for a source of the "
                     f"deployment's catalogue, whose location is configured there (environment "
                     f"variable {env_name('source_catalogue')}); give only quota, languages, "
-                    "exclude_sources or multi_turn, or choose a new name")
+                    "exclude_sources, multi_turn or turns, or choose a new name")
                 continue
             out.append(entry.model_copy(update={
                 k: v for k, v in given.items()
