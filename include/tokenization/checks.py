@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from include.quality import QualityOptions, filter_records
 from include.tokenization.assembly import Pending, TokenizeOptions, assemble
 from include.tokenization.chat import ChatTokenizer
+from include.tokenization.conversations import explode, merge
 from include.tokenization.outputs import Sample, TokenizeResult
 from include.tokenization.provenance import provenance
 
@@ -66,6 +67,8 @@ def tokenize_completions(
     )
     records = list(records)
     result.input_records = len(records)
+    # A whole conversation is checked turn by turn, as the single-turn records it was sent as.
+    records, conversations = explode(records)
     kept, filtered = filter_records(records, QualityOptions(
         off=options.quality_filters_off,
         enable_thinking=options.enable_thinking,
@@ -85,6 +88,7 @@ def tokenize_completions(
         else:
             pending.append(prepared)
     if not pending:
+        result.conversations = conversations.manifest() if conversations.turns else {}
         return result
 
     local_prompts = chat.encode([p.prompt for p in pending])
@@ -100,6 +104,8 @@ def tokenize_completions(
             continue
         assert isinstance(built, Built)
         _keep(p, built.ids, built.mask, options, result)
+    merge(result, conversations, whole_rows=options.include_reasoning)
+    result.conversations = conversations.manifest() if conversations.turns else {}
     return result
 
 

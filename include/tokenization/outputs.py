@@ -85,6 +85,8 @@ class TokenizeResult:
     closed_by_template: int = 0
     #: The run and shard the samples came from (``run_name``, ``shard``), set by the stage.
     origin: dict[str, str | None] = field(default_factory=dict)
+    #: Whole conversations' counts (``conversations.Conversations.manifest``); {} if none.
+    conversations: dict[str, Any] = field(default_factory=dict)
 
     def provenance_rows(self) -> list[dict[str, Any]]:
         """Return each sample's provenance, every column present (None when unknown)."""
@@ -122,6 +124,7 @@ class TokenizeResult:
             "quarantined": sorted(self.quarantined, key=lambda q: (q["id"], q["reason"])),
             "dropped": sorted(self.dropped, key=lambda d: (d["id"], d["reason"])),
             "settings": dict(self.settings),
+            **({"conversations": self.conversations} if self.conversations else {}),
         }
 
     def to_parquet(self) -> bytes:

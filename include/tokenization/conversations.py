@@ -1,0 +1,151 @@
+"""Whole conversations (``turns: all``) in the tokenization stage: turns out, rows back in.
+
+A conversation record (docs/data-layout.md) holds the dataset conversation (``messages``) and
+the target's turns (``turn_results``: each with the dataset slice it answered, the server's
+prompt ids and sampled ids). ``explode`` turns it into one single-turn record per target turn,
+``<conversation id>#turn-<k>``, whose ``messages`` are the request exactly as it was sent
+(the dataset turns before it, each followed by the target's own answer). Those go through the
+same quality filters, assembly and checks as any record, so every turn is checked against the
+server's own data.
+
+``merge`` then writes one whole-conversation row (id = the conversation id; the last turn's
+prompt ids + sampled ids, the loss on every target turn's sampled ids) where every turn of
+the conversation became a row from the server's ids and the turns are prefix-stable, checked
+token by token (``include.conversations.rows.prefix_stability``); elsewhere the per-turn rows
+stay. Qwen3's template drops earlier turns' reasoning from the history, so a conversation
+with thinking is usually not prefix-stable: the manifest counts why, by first difference.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import compress
+from typing import Any
+
+from include.conversations.rows import prefix_stability
+from include.tokenization.outputs import Sample, TokenizeResult
+
+#: Keys of a conversation record that do not carry over to its turns' records.
+_CONVERSATION_ONLY = ("turn_results", "messages", "end", "turns")
+
+
+def turn_id(conversation_id: str, index: int) -> str:
+    """Return the row id of a conversation's turn ``index``."""
+    return f"{conversation_id}#turn-{index}"
+
+
+@dataclass
+class Conversations:
+    """The conversations of one shard: their turns' ids, and what became of them."""
+
+    turns: dict[str, list[str]] = field(default_factory=dict)
+    #: The turn records by id (the server's ids are read back from them, not from samples).
+    records: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    ends: Counter[str] = field(default_factory=Counter)
+    whole_rows: int = 0
+    turn_rows: int = 0
+    #: Why a conversation's turns stayed separate, by reason.
+    kept_apart: Counter[str] = field(default_factory=Counter)
+    #: The first prefix-stability difference seen (an example for the manifest).
+    example: str = ""
+
+    def manifest(self) -> dict[str, Any]:
+        """Return the counts the tokenized manifest records under ``conversations``."""
+        return {"conversations": len(self.turns), "turns": sum(map(len, self.turns.values())),
+                "whole_rows": self.whole_rows, "turn_rows": self.turn_rows,
+                "kept_apart": dict(sorted(self.kept_apart.items())),
+                "ends": dict(sorted(self.ends.items())), "example_difference": self.example}
+
+
+def explode(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Conversations]:
+    """Return the records with each conversation replaced by its turns' records."""
+    out: list[Mapping[str, Any]] = []
+    found = Conversations()
+    for record in records:
+        if record.get("turns") != "all":
+            out.append(record)
+            continue
+        cid = str(record["id"])
+        source = list(record.get("messages") or [])
+        common = {k: v for k, v in record.items() if k not in _CONVERSATION_ONLY}
+        history: list[dict[str, Any]] = []
+        ids = []
+        for turn in record.get("turn_results") or []:
+            begin, stop = turn["inputs"]
+            request = [*history, *source[begin:stop]]
+            tid = turn_id(cid, int(turn["index"]))
+            flat = {**common, **turn, "id": tid, "messages": request, "conversation_id": cid,
+                    "status": "completed"}
+            out.append(flat)
+            found.records[tid] = flat
+            ids.append(tid)
+            history = [*request, {"role": "assistant", "content": turn.get("text") or ""}]
+        found.turns[cid] = ids
+        found.ends[str((record.get("end") or {}).get("reason", "unknown"))] += 1
+    return out, found
+
+
+def merge(result: TokenizeResult, found: Conversations, *, whole_rows: bool = True) -> None:
+    """Replace the per-turn samples of each prefix-stable conversation by one whole row.
+
+    ``whole_rows`` False (``include_reasoning: false``: each turn's think block is outside
+    its own row's loss, which one sequence cannot say) keeps every conversation per turn.
+    """
+    if not found.turns:
+        return
+    by_id = {s.id: s for s in result.samples}
+    replaced: dict[str, Sample | None] = {}
+    for cid, ids in found.turns.items():
+        reason = _apart(ids, by_id, found, whole_rows)
+        if reason is None:
+            pairs = [(found.records[t]["prompt_token_ids"], found.records[t]["response_token_ids"])
+                     for t in ids]
+            stability = prefix_stability(pairs)
+            if stability.stable:
+                replaced.update(dict.fromkeys(ids[:-1]))
+                replaced[ids[-1]] = _whole(cid, [by_id[t] for t in ids], pairs)
+                found.whole_rows += 1
+                continue
+            reason = "not_prefix_stable"
+            found.example = found.example or f"{cid}: {stability.detail}"
+        found.kept_apart[reason] += 1
+        found.turn_rows += sum(t in by_id for t in ids)
+    if replaced:
+        result.samples = [replaced.get(s.id, s) if s.id in replaced else s
+                          for s in result.samples]
+        result.samples = [s for s in result.samples if s is not None]
+
+
+def _apart(ids: list[str], by_id: Mapping[str, Sample], found: Conversations,
+           whole_rows: bool) -> str | None:
+    """Return why a conversation cannot be one row (None: it can, if prefix-stable)."""
+    if len(ids) < 2:
+        return "one_turn"
+    if not whole_rows:
+        return "include_reasoning_off"
+    if not all(t in by_id for t in ids):
+        return "a_turn_kept_out"
+    if any(by_id[t].token_source != "server" for t in ids):
+        return "no_server_ids"
+    if any(len(by_id[t].input_ids) != len(found.records[t]["prompt_token_ids"])
+           + len(found.records[t]["response_token_ids"]) for t in ids):
+        return "a_turn_changed_by_its_row"  # closed by the template, or cut to a length
+    return None
+
+
+def _whole(cid: str, samples: list[Sample], pairs: list[tuple[list[int], list[int]]]) -> Sample:
+    """Return the whole-conversation sample; its masked ids are every turn's sampled ids."""
+    last_prompt, last_sampled = pairs[-1]
+    ids = [*last_prompt, *last_sampled]
+    mask = [0] * len(ids)
+    for prompt, sampled in pairs:
+        mask[len(prompt):len(prompt) + len(sampled)] = [1] * len(sampled)
+    trained = [t for _, sampled in pairs for t in sampled]
+    if list(compress(ids, mask)) != trained or ids[: len(pairs[0][0])] != list(pairs[0][0]):
+        # prefix_stability makes this unreachable; a row that is not exact is never written.
+        raise AssertionError(f"{cid}: the whole-conversation row is not its turns' ids")
+    last = samples[-1]
+    return Sample(cid, last.source, last.finish_reason, ids, mask, last.conversation,
+                  last.token_source, {**last.provenance, "turns": len(samples)})
