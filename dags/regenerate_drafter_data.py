@@ -41,7 +41,6 @@ environment variables), never in the form. See README.md.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pendulum
@@ -53,19 +52,20 @@ from airflow.sdk import (
     task_group,
     teardown,
 )
-from airflow.sdk.exceptions import AirflowFailException
 
 from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
+from include.settings.deployment import DeploymentSettings
 from include.settings.params import airflow_params
 
 DAG_ID = "regenerate_drafter_data"
 
 # The two deployment settings that are task arguments, hence read when the file is parsed
 # (environment only: no connection, no network).
+_PARSED = DeploymentSettings.parse_time_values()
 #: Shards generated at once per run; they share the servers, so one shard's drain overlaps
 #: the next one's start.
-MAX_ACTIVE_SHARDS = int(os.environ.get("REGEN_MAX_ACTIVE_SHARDS", "3"))
+MAX_ACTIVE_SHARDS = _PARSED.max_active_shards
 #: Shards whose generate task starts before a slot frees: set up (DAG parsed, tokenizer and
 #: prompts loaded) and waiting, so a freed slot's next shard sends its first request within a
 #: second, not after the scheduler, Celery and the task's start-up (5 s; 14 s on a loaded
@@ -73,7 +73,7 @@ MAX_ACTIVE_SHARDS = int(os.environ.get("REGEN_MAX_ACTIVE_SHARDS", "3"))
 #: shards, a busy worker); each holds a worker slot while it waits.
 SHARDS_QUEUED_AHEAD = 2
 #: Wait for servers in the triggerer (no worker slot held while a model loads).
-DEFER_HEALTH_GATE = os.environ.get("REGEN_DEFER_HEALTH_GATE", "true").lower() != "false"
+DEFER_HEALTH_GATE = _PARSED.defer_health_gate
 
 #: Every task is re-runnable (journal, create-only writes, idempotent launch), so a task lost
 #: with its worker is retried, on any worker, and resumes where it stopped.
@@ -93,11 +93,7 @@ SHARD_NAME = "{{ task.op_kwargs['shard_id'] }}"
 SHARD_TIMEOUT = timedelta(hours=6)
 
 
-def lease_owner(run_id: str | None) -> str:
-    """Return the name of a run's lease on its servers, from its run id (never from XCom)."""
-    return f"{DAG_ID}/{run_id}"
-
-
+# Each task body is one call into include/pipeline/<task>.py, imported when the task runs.
 @dag(
     dag_id=DAG_ID,
     schedule=None,
@@ -112,11 +108,9 @@ def regenerate_drafter_data() -> None:
     @task(retries=0, execution_timeout=timedelta(minutes=10))
     def check_settings(params: dict | None = None) -> None:
         """Fail before any work if a setting is wrong; log the resolved settings."""
-        from include.settings.checks import check_settings
-        from include.settings.errors import fail_without_retry
+        from include.pipeline.check import run
 
-        with fail_without_retry():
-            check_settings(params)
+        run(params)
 
     @task
     def prepare_prompts(params: dict | None = None, run_id: str | None = None) -> list[dict]:
@@ -124,55 +118,31 @@ def regenerate_drafter_data() -> None:
 
         Returns one ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run.
         """
-        from include.prompts.plan import PERMANENT_ERRORS, plan_run
-        from include.settings import RunSettings
-        from include.settings.errors import fail_without_retry
+        from include.pipeline.plan import run
 
-        with fail_without_retry(*PERMANENT_ERRORS):
-            settings = RunSettings.from_mapping(params)
-            return plan_run(settings, run_id or "manual", MAX_ACTIVE_SHARDS)
+        return run(params, run_id, MAX_ACTIVE_SHARDS)
 
     @setup
     def launch_servers(plan: list[dict], params: dict | None = None,
                        run_id: str | None = None) -> dict:
         """Start (or reuse) one server per GPU if a shard is left; return what was started."""
-        from include.servers.launcher import launch_for_plan
-        from include.settings import RunSettings
+        from include.pipeline.launch import run
 
-        report = launch_for_plan(RunSettings.from_mapping(params), plan,
-                                 owner=lease_owner(run_id))
-        print(report.summary())
-        return report.to_dict()
+        return run(plan, params, DAG_ID, run_id)
 
     @task
     def health_targets(report: dict, params: dict | None = None) -> list[dict]:
         """Fail on servers that cannot serve this run; return each server's identifier."""
-        from include.servers.report import LaunchReport, XComMismatchError
-        from include.settings import RunSettings
-        from include.settings.errors import fail_without_retry
+        from include.pipeline.targets import run
 
-        with fail_without_retry(XComMismatchError):
-            launched = LaunchReport.from_dict(report, RunSettings.from_mapping(params))
-        launched.raise_for_problems()
-        return launched.health_targets()
+        return run(report, params)
 
     @task
     def preflight(report: dict, plan: list[dict], params: dict | None = None) -> list[dict]:
         """Send the run's longest prompt to every server; return the servers' identifiers."""
-        from include.prompts import read_shard_by_id
-        from include.prompts.plan import open_run_store
-        from include.servers.preflight import preflight_run
-        from include.servers.report import LaunchReport, XComMismatchError
-        from include.settings import RunSettings
-        from include.settings.errors import fail_without_retry
+        from include.pipeline.preflight import run
 
-        settings = RunSettings.from_mapping(params)
-        with fail_without_retry(XComMismatchError):
-            launched = LaunchReport.from_dict(report, settings)
-        if plan:
-            prompts = read_shard_by_id(open_run_store(settings), plan[0]["shard_id"])
-            print(preflight_run(settings, launched.urls, prompts))
-        return launched.idents
+        return run(report, plan, params)
 
     @task_group(group_id="shard")
     def per_shard(shard_id: str, servers: list[dict], outputs_uri: str,
@@ -191,47 +161,25 @@ def regenerate_drafter_data() -> None:
             The prompts and the API key go only to the deployment's own servers: ``servers``
             (XCom) are identifiers, turned into the deployment's URLs before any request.
             """
-            from include.generation.claims import airflow_run_is_live
-            from include.generation.shard import airflow_slot_free, generate_shard
-            from include.prompts.plan import open_run_store
-            from include.servers.report import XComMismatchError, trusted_urls
-            from include.settings import RunSettings
-            from include.settings.errors import fail_without_retry
+            from include.pipeline.generate import run
 
-            settings = RunSettings.from_mapping(params)
-            with fail_without_retry(XComMismatchError):
-                urls = trusted_urls(servers, settings)
-            slot_free = (airflow_slot_free(DAG_ID, ti.task_id, run_id, ti.map_index,
-                                           MAX_ACTIVE_SHARDS) if ti and run_id else None)
-            return generate_shard(settings, shard_id, urls,
-                                  open_run_store(settings, outputs_uri), open_run_store(settings),
-                                  wait_for, run_id=run_id,
-                                  is_live=airflow_run_is_live(DAG_ID), slot_free=slot_free,
-                                  lease_ttl_s=settings.deployment.lease_ttl_s)
+            return run(shard_id, servers, outputs_uri, wait_for, params, dag_id=DAG_ID,
+                       run_id=run_id, ti=ti, slots=MAX_ACTIVE_SHARDS)
 
         @task(map_index_template=SHARD_NAME)
         def upload(shard_id: str, generated: dict, outputs_uri: str,
                    params: dict | None = None) -> str:
             """Publish the shard's completions create-only, with checksums."""
-            from include.generation.shard import publish_shard
-            from include.prompts.plan import open_run_store
-            from include.settings import RunSettings
+            from include.pipeline.upload import run
 
-            settings = RunSettings.from_mapping(params)
-            publish_shard(shard_id, open_run_store(settings, outputs_uri),
-                          open_run_store(settings), generated)
-            return shard_id
+            return run(shard_id, generated, outputs_uri, params)
 
         @task(map_index_template=SHARD_NAME)
         def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None) -> str:
             """Tokenize the shard into input_ids + loss_mask, checked token by token."""
-            from include.prompts.plan import open_run_store
-            from include.settings import RunSettings
-            from include.tokenization.stage import tokenize_run_shard
+            from include.pipeline.tokenize import run
 
-            settings = RunSettings.from_mapping(params)
-            tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
-            return shard_id
+            return run(shard_id, outputs_uri, params)
 
         # Keyword arguments: the shard names in the grid (SHARD_NAME) read them by name.
         generated = generate(shard_id=shard_id, servers=servers, outputs_uri=outputs_uri,
@@ -243,29 +191,9 @@ def regenerate_drafter_data() -> None:
     def report(plan: list[dict], launched: dict, params: dict | None = None,
                run_id: str | None = None, outlet_events=None) -> dict:
         """Write the run report; fail on a broken quality gate, else update the dataset asset."""
-        from include.reporting import (
-            QualityGateError,
-            emit_dataset_event,
-            raise_for_gates,
-            report_run,
-        )
-        from include.servers.report import LaunchReport, XComMismatchError
-        from include.settings import RunSettings
-        from include.settings.errors import fail_without_retry
+        from include.pipeline.report import run
 
-        settings = RunSettings.from_mapping(params)
-        if launched:  # read back through the settings: the report shows no edited XCom fact
-            with fail_without_retry(XComMismatchError):
-                launched = LaunchReport.from_dict(launched, settings).to_dict()
-        summary = report_run(settings, [p["shard_id"] for p in plan], run_id or "manual",
-                             launched)
-        try:
-            raise_for_gates(summary)
-        except QualityGateError as exc:
-            # The same files give the same verdict: retrying cannot help.
-            raise AirflowFailException(str(exc)) from None
-        emit_dataset_event(outlet_events, settings, summary)
-        return summary
+        return run(plan, launched, params, run_id, outlet_events)
 
     @teardown(on_failure_fail_dagrun=True)
     def stop_servers(report: dict, params: dict | None = None, run_id: str | None = None
@@ -275,15 +203,9 @@ def regenerate_drafter_data() -> None:
         Commands run on the deployment's own servers with its own SSH connections and command
         prefixes, and release this run's lease (named from its run id): XCom says only which.
         """
-        from include.servers.launcher import stop_servers
-        from include.servers.report import XComMismatchError
-        from include.settings import RunSettings
-        from include.settings.errors import fail_without_retry
+        from include.pipeline.teardown import run
 
-        with fail_without_retry(XComMismatchError):
-            stopped = stop_servers(report, RunSettings.from_mapping(params),
-                                   owner=lease_owner(run_id))
-        print(stopped.summary())
+        run(report, params, DAG_ID, run_id)
 
     plan = prepare_prompts()
     check_settings() >> plan

@@ -1,8 +1,8 @@
-"""Shard names and the store keys of a run's shards (docs/data-layout.md), in one place.
+"""Shard names and every store key of a run (docs/data-layout.md), in one place.
 
 Every stage names shards and finds their files through these functions, so the prepare stage,
-the generation and the tokenization stage cannot disagree on a key. No imports from
-``include``: any module may import this one without forming an import circle.
+the generation, the tokenization stage, the report and the monitor cannot disagree on a key.
+No imports from ``include``: any module may import this one without forming an import circle.
 """
 
 from __future__ import annotations
@@ -13,6 +13,20 @@ import re
 PROMPTS_PREFIX = "prompts"
 #: The prepare stage's manifest: its funnel, and the list of prompt shards.
 MANIFEST_KEY = f"{PROMPTS_PREFIX}/manifest.json"
+#: The folders of a run's (or a regeneration's) outputs, each holding one entry per shard.
+JOURNAL_PREFIX = "journal"
+GENERATED_PREFIX = "generated"
+TOKENIZED_PREFIX = "tokenized"
+#: One folder per Airflow run's report (``report_prefix``).
+REPORT_PREFIX = "report"
+#: A forced regeneration's outputs (``regeneration_prefix``), beside the run's own.
+REGENERATIONS_PREFIX = "regenerations"
+#: The suffix of every shard's manifest in ``generated/`` and ``tokenized/``: written last.
+SHARD_MANIFEST_SUFFIX = ".manifest.json"
+#: The report's machine-readable file (it says ``"passed"``) and its page.
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+REPORT_MARKDOWN = "report.md"
 
 _SHARD_PREFIX = "shard-"
 
@@ -51,11 +65,77 @@ def shard_key(index: int) -> str:
 
 def generated_keys(index: int) -> tuple[str, str]:
     """Return the store keys of shard ``index``'s completion records and their manifest."""
-    name = f"generated/{shard_id(index)}"
-    return f"{name}.jsonl", f"{name}.manifest.json"
+    name = f"{GENERATED_PREFIX}/{shard_id(index)}"
+    return f"{name}.jsonl", f"{name}{SHARD_MANIFEST_SUFFIX}"
+
+
+def output_keys(shard: str) -> tuple[str, str]:
+    """Return the store keys of a shard's completions file and its manifest, by shard id."""
+    return generated_keys(shard_index(shard))
 
 
 def tokenized_keys(index: int) -> tuple[str, str, str]:
     """Return the parquet, conversations and manifest keys of tokenized shard ``index``."""
-    name = f"tokenized/{shard_id(index)}"
-    return f"{name}.parquet", f"{name}.conversations.jsonl", f"{name}.manifest.json"
+    name = f"{TOKENIZED_PREFIX}/{shard_id(index)}"
+    return f"{name}.parquet", f"{name}.conversations.jsonl", f"{name}{SHARD_MANIFEST_SUFFIX}"
+
+
+def journal_prefix(shard: str) -> str:
+    """Return the store prefix of a shard's journal segments (``journal/shard-NNNNN``)."""
+    return f"{JOURNAL_PREFIX}/{shard}"
+
+
+def started_key(shard: str) -> str:
+    """Return the key of the marker a shard writes when its generation starts."""
+    return f"{journal_prefix(shard)}/started"
+
+
+def compacted_keys(prefix: str) -> tuple[str, str]:
+    """Return the keys of a published shard's journal as one object and of its index.
+
+    Beside the journal folder (``journal/<shard>.compacted.jsonl`` / ``.json``), not in it:
+    whoever reads every key under ``journal/<shard>/`` as segments keeps working. The index
+    (the parts the object holds) is written second, so its presence vouches for the object.
+    """
+    base = prefix.rstrip("/")
+    return f"{base}.compacted.jsonl", f"{base}.compacted.json"
+
+
+def lease_prefix(prefix: str) -> str:
+    """Return the folder of a shard's lease generations under journal prefix ``prefix``."""
+    return f"{prefix}/lease/"
+
+
+def lease_key(prefix: str, generation: int) -> str:
+    """Return the key of lease generation ``generation`` under journal prefix ``prefix``."""
+    return f"{lease_prefix(prefix)}{generation:08d}.json"
+
+
+def released_key(prefix: str, generation: int) -> str:
+    """Return the key of the marker that releases lease generation ``generation``."""
+    return f"{lease_prefix(prefix)}{generation:08d}.released"
+
+
+def beats_prefix(prefix: str, generation: int) -> str:
+    """Return the prefix of generation ``generation``'s renewals (apart from ``lease/``, so
+    listing the generations stays a few keys however long a holder runs)."""
+    return f"{prefix}/beats/{generation:08d}/"
+
+
+def beat_key(prefix: str, generation: int, n: int) -> str:
+    """Return the key of renewal ``n`` of lease generation ``generation``."""
+    return f"{beats_prefix(prefix, generation)}{n:08d}"
+
+
+def report_prefix(run_id: str) -> str:
+    """Return the store prefix of one Airflow run's report (``report/<safe run id>/``).
+
+    One folder per Airflow run: a later backfill of the same run writes its own report
+    instead of colliding with the first one's create-only files.
+    """
+    return f"{REPORT_PREFIX}/{run_folder(run_id)}/"
+
+
+def regeneration_prefix(run_id: str) -> str:
+    """Return where a forced regeneration of Airflow run ``run_id`` writes, under the run."""
+    return f"{REGENERATIONS_PREFIX}/{run_folder(run_id)}"

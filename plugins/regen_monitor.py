@@ -5,9 +5,10 @@ navigation (``external_views``, shown in an iframe under Browse). It reads the r
 manifests and journals under the deployment's ``output_root`` (``REGEN_OUTPUT_ROOT``) through
 ``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root (and
 probes the ``/health`` of the deployment's own servers only, ``REGEN_GPU_HOSTS``), and
-what Airflow scheduled for them from Airflow's own database (``include.reporting.airflow_runs``:
-each run's state, its shards running / queued / failed / done, with links to the run and to
-each shard's task log in the UI). The page has no state of its own.
+what Airflow scheduled for them from Airflow's own database (``query_runs``, made sense of by
+``include.reporting.airflow_runs``: each run's state, its shards running / queued / failed /
+done, with links to the run and to each shard's task log in the UI). The page has no state of
+its own.
 
 Airflow mounts a plugin's app without its own authentication, so every route here requires
 what the DAG's run pages require: a signed-in Airflow user (the UI's ``_token`` cookie or an
@@ -69,13 +70,68 @@ def _ui_base() -> str:
     return urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
 
 
+def _text(state: Any) -> str | None:
+    """Return a state as its plain value (the ORM may hand back Airflow's state enums)."""
+    return None if state is None else str(getattr(state, "value", state))
+
+
+def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None
+               ) -> list[dict[str, Any]]:
+    """Return the DAG's ``limit`` newest runs, newest first, summarized (``summarize_run``).
+
+    Reads Airflow's metadata database through its ORM: the page runs inside the API server,
+    which already holds that database session (the REST API would be a call from the server
+    to itself). ``limit`` defaults to ``RECENT_RUNS``.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from include.reporting.airflow_runs import (
+        PLAN_TASK,
+        RECENT_RUNS,
+        SHARD_TASKS,
+        TaskRow,
+        summarize_run,
+    )
+    from include.settings import RunSettings
+
+    limit = RECENT_RUNS if limit is None else limit
+    default_name = RunSettings.model_fields["run_name"].default
+    with create_session() as session:
+        runs = session.execute(
+            select(DagRun.run_id, DagRun.state.label("state"), DagRun.conf, DagRun.start_date)
+            .where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(limit)).all()
+        run_ids = [r.run_id for r in runs]
+        tasks: dict[str, list[TaskRow]] = {}
+        for row in session.execute(
+                select(TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
+                       TaskInstance.state,
+                       TaskInstance.rendered_map_index.label("rendered_map_index"))
+                .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(run_ids),
+                       TaskInstance.task_id.in_(SHARD_TASKS), TaskInstance.map_index >= 0)):
+            tasks.setdefault(row.run_id, []).append(
+                TaskRow(row.task_id, row.map_index, _text(row.state), row.rendered_map_index))
+        plans = {row.run_id: XComModel.deserialize_value(row) for row in session.execute(
+            select(XComModel.run_id, XComModel.value)
+            .where(XComModel.dag_id == dag_id, XComModel.run_id.in_(run_ids),
+                   XComModel.task_id == PLAN_TASK, XComModel.key == "return_value",
+                   XComModel.map_index == -1))}
+    return [summarize_run(
+        dag_id, {"run_id": r.run_id, "state": _text(r.state), "conf": r.conf,
+                 "start_date": r.start_date.isoformat() if r.start_date else None},
+        tasks.get(r.run_id, ()), plans.get(r.run_id), ui_base, default_name) for r in runs]
+
+
 def page_state() -> dict[str, Any]:
     """Return what the page shows: the runs' files, with Airflow's runs attached to them.
 
     Airflow's side failing (its database busy or unreachable) leaves the rest of the page
     working; the error is shown instead of the runs' states.
     """
-    from include.reporting.airflow_runs import attach, query_runs
+    from include.reporting.airflow_runs import attach
     from include.reporting.monitor import DAG_ID
 
     error = None

@@ -20,9 +20,9 @@ from typing import TextIO
 
 from include.generation.engine import GenerationError
 from include.generation.shard import generate_shard
-from include.prompts.plan import open_run_store
+from include.pipeline.check import check_settings
+from include.pipeline.run import open_run_store
 from include.settings import SettingsError
-from include.settings.checks import check_settings
 from include.storage import StoreError
 
 

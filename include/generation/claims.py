@@ -16,8 +16,9 @@ try that finds it held waits:
   while the holder's run is live, so its upload publishes and this try finds the shard done;
   take over when that run ended, or when it is this run (this try is the retry of that one).
 
-Airflow decides only that last case, and fails closed: a run whose state cannot be read
-counts as live (waiting costs time; a wrong "dead" costs a second writer).
+Airflow decides only that last case (``is_live``, asked by
+``include.pipeline.airflow_state.airflow_run_is_live``), and fails closed: a run whose state
+cannot be read counts as live (waiting costs time; a wrong "dead" costs a second writer).
 """
 
 from __future__ import annotations
@@ -132,30 +133,3 @@ def wait_for_turn(store: Store, shard_id: str, journal_prefix: str, run_id: str 
             raise LeaseBusy(f"{shard_id}: still held by {who} after {timeout_s:.0f}s; not "
                             "starting a second writer")
         time.sleep(poll_s)
-
-
-def _not_found(exc: Exception) -> bool:
-    """Return whether Airflow answered that the run does not exist (HTTP 404)."""
-    detail = getattr(getattr(exc, "error", None), "detail", None)
-    return isinstance(detail, dict) and detail.get("status_code") == 404
-
-
-def airflow_run_is_live(dag_id: str) -> Callable[[str], bool]:
-    """Return whether a run of ``dag_id`` is still queued or running, asked of Airflow.
-
-    Fails closed: any error but "no such run" counts the run as live.
-    """
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-    def is_live(run_id: str) -> bool:
-        try:
-            return RuntimeTaskInstance.get_dagrun_state(dag_id, run_id) in LIVE_STATES
-        except Exception as exc:  # noqa: BLE001 - unknown is live: never a second writer
-            if _not_found(exc):
-                log.info("run %s of %s no longer exists; not waiting for it", run_id, dag_id)
-                return False
-            log.warning("run %s of %s: state unknown (%s); counting it as live", run_id,
-                        dag_id, exc)
-            return True
-
-    return is_live

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from include.generation.client import RETRYABLE
 from include.generation.outcome import FAILED
+from include.layout import compacted_keys
 from include.storage import Store, sha256_hex, write_verified
 
 log = logging.getLogger(__name__)
@@ -290,17 +291,6 @@ class StoreJournal:
                 else:
                     self._error = error
                 self._cond.notify_all()
-
-
-def compacted_keys(prefix: str) -> tuple[str, str]:
-    """Return the keys of a published shard's journal as one object and of its index.
-
-    Beside the journal folder (``journal/<shard>.compacted.jsonl`` / ``.json``), not in it:
-    whoever reads every key under ``journal/<shard>/`` as segments keeps working. The index
-    (the parts the object holds) is written second, so its presence vouches for the object.
-    """
-    base = prefix.rstrip("/")
-    return f"{base}.compacted.jsonl", f"{base}.compacted.json"
 
 
 def read_segments(store: Store, prefix: str) -> list[tuple[str, bytes]]:

@@ -1,6 +1,7 @@
 """One writer per shard: a lease taken create-only in the run's store, renewed by a heartbeat.
 
-Keys, under the shard's journal prefix ``journal/<shard>/`` (docs/data-layout.md, Leases):
+Keys, under the shard's journal prefix ``journal/<shard>/`` (docs/data-layout.md, Leases; built
+by ``include.layout``):
 
 * ``lease/<generation:08d>.json``: generation N of the lease, taken by writing it
   create-only. Taking N+1 is allowed only once N is released or expired, and create-only
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from include.generation.outcome import GenerationError
+from include.layout import beat_key, beats_prefix, lease_key, lease_prefix, released_key
 from include.storage import ObjectExistsError, Store
 
 log = logging.getLogger(__name__)
@@ -48,27 +50,6 @@ _LEASE_RE = re.compile(r"(\d{8})\.(json|released)$")
 
 class LeaseLost(GenerationError):
     """This holder's lease was taken over or could not be renewed: stop, publish nothing."""
-
-
-def lease_key(prefix: str, generation: int) -> str:
-    """Return the key of lease generation ``generation`` under journal prefix ``prefix``."""
-    return f"{prefix}/lease/{generation:08d}.json"
-
-
-def released_key(prefix: str, generation: int) -> str:
-    """Return the key of the marker that releases lease generation ``generation``."""
-    return f"{prefix}/lease/{generation:08d}.released"
-
-
-def beats_prefix(prefix: str, generation: int) -> str:
-    """Return the prefix of generation ``generation``'s renewals (apart from ``lease/``, so
-    listing the generations stays a few keys however long a holder runs)."""
-    return f"{prefix}/beats/{generation:08d}/"
-
-
-def beat_key(prefix: str, generation: int, n: int) -> str:
-    """Return the key of renewal ``n`` of lease generation ``generation``."""
-    return f"{beats_prefix(prefix, generation)}{n:08d}"
 
 
 def new_holder(run_id: str | None) -> str:
@@ -98,7 +79,7 @@ def newest(store: Store, prefix: str) -> LeaseState | None:
     """Return the newest lease generation of the shard under ``prefix`` (None: never taken)."""
     taken: set[int] = set()
     released: set[int] = set()
-    for key in store.list(f"{prefix}/lease/"):
+    for key in store.list(lease_prefix(prefix)):
         match = _LEASE_RE.search(key)
         if match:
             (taken if match.group(2) == "json" else released).add(int(match.group(1)))

@@ -1,4 +1,10 @@
-"""Run one prompt shard of a run through the engine, and build the shard's output files."""
+"""Run one prompt shard of a run through the engine, and build the shard's output files.
+
+The generate and upload tasks' stage (``include.pipeline.generate`` / ``upload`` call it):
+the lease, the waits for a slot and for the leader's progress, the engine, and publishing the
+journal as the shard's completions. Keys come from ``include.layout``; whatever Airflow is
+asked comes in as a callable (``is_live``, ``slot_free``).
+"""
 
 from __future__ import annotations
 
@@ -14,22 +20,12 @@ from include.generation.engine import run_shard
 from include.generation.journal import StoreJournal, compact, merge_lines, read_segments
 from include.generation.lease import LEASE_TTL_S, Lease, check_token
 from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_accounting
-from include.layout import MANIFEST_KEY, generated_keys, shard_index
+from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
 from include.storage import Store, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
-
-
-def journal_prefix(shard_id: str) -> str:
-    """Return the store prefix of a shard's journal segments."""
-    return f"journal/{shard_id}"
-
-
-def output_keys(shard_id: str) -> tuple[str, str]:
-    """Return the store keys of a shard's completions file and its manifest."""
-    return generated_keys(shard_index(shard_id))
 
 
 def generate_shard(
@@ -52,16 +48,16 @@ def generate_shard(
     prompt shards are (default: ``store``). A shard whose output manifest exists is done and
     is not run again. Otherwise the engine resumes from the journal in ``store``, so a retry
     on any worker picks up where the last try stopped. ``wait_for`` (``{"shard_id",
-    "fraction"}``, see ``include.prompts.plan.stagger``) delays the start until that shard
+    "fraction"}``, see ``include.pipeline.plan.stagger``) delays the start until that shard
     has finished that share of its prompts. With ``run_id`` (every Airflow try), the try
     first takes the shard's lease (``include.generation.claims``; ``is_live`` says whether
     another run may still publish, ``lease_ttl_s`` is how soon a dead try's lease expires),
     renews it while it generates, stops with LeaseLost if it loses it, and returns the lease
     generation as ``summary["lease"]``, the fencing token ``publish_shard`` checks. With
-    ``slot_free`` (whether one of the run's generation slots is free: ``airflow_slot_free``)
-    the shard is queued ahead: it sets up first (tokenizer, prompts) and then waits for a
-    slot, so it sends its first request as soon as a slot frees instead of after its task's
-    start-up.
+    ``slot_free`` (whether one of the run's generation slots is free, asked of Airflow by the
+    pipeline) the shard is queued ahead: it sets up first (tokenizer, prompts) and then waits
+    for a slot, so it sends its first request as soon as a slot frees instead of after its
+    task's start-up.
     """
     store = store or open_store(settings.run_uri)
     prompts_store = prompts_store or store
@@ -134,11 +130,6 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
     }
 
 
-def started_key(shard_id: str) -> str:
-    """Return the key of the marker a shard writes when its generation starts."""
-    return f"{journal_prefix(shard_id)}/started"
-
-
 def wait_for_slot(shard_id: str, slot_free: Callable[[], bool], *, poll_s: float = 0.5,
                   timeout_s: float = 3600.0) -> None:
     """Block until ``slot_free()`` says one of the run's generation slots is free.
@@ -160,34 +151,6 @@ def wait_for_slot(shard_id: str, slot_free: Callable[[], bool], *, poll_s: float
              time.monotonic() - began)
 
 
-def airflow_slot_free(dag_id: str, task_id: str, run_id: str, map_index: int,
-                      slots: int) -> Callable[[], bool]:
-    """Return whether fewer than ``slots`` shards mapped before this one (lower map index)
-    run ``task_id`` in run ``run_id``, asked of Airflow.
-
-    Only shards mapped earlier count, so of the shards waiting the earliest goes first and no
-    two wait for each other.
-    """
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-    def earlier(key: str) -> bool:  # keys are "<task_id>_<map_index>"
-        name, _, index = key.rpartition("_")
-        return name == task_id and index.isdigit() and int(index) < map_index
-
-    def free() -> bool:
-        try:
-            states = RuntimeTaskInstance.get_task_states(dag_id, task_ids=[task_id],
-                                                         run_ids=[run_id])
-        except Exception as exc:  # noqa: BLE001 - Airflow's cap on running tasks still holds
-            log.info("could not ask Airflow which shards are generating (%s); starting", exc)
-            return True
-        running = [k for k, state in states.get(run_id, {}).items()
-                   if state == "running" and earlier(k)]
-        return len(running) < slots
-
-    return free
-
-
 def wait_for_progress(
     store: Store,
     prompts_store: Store,
@@ -207,8 +170,6 @@ def wait_for_progress(
     running tasks one at a time), when the leader makes no progress for ``stall_s``, and
     after ``timeout_s`` in any case.
     """
-    from include.prompts.prepare import shard_index
-
     shards = json.loads(prompts_store.read(MANIFEST_KEY))["shards"]
     need = fraction * shards[shard_index(leader)]["count"]
     began = time.monotonic()
@@ -305,8 +266,6 @@ def publish_shard(
     generation was taken since (this summary's holder was taken over: a late write); the
     token is recorded in the manifest as ``"lease"``.
     """
-    from include.prompts import read_shard_by_id
-    from include.prompts.prepare import shard_index
     from include.storage.publish import publish_generated_shard
 
     _, manifest_key = output_keys(shard_id)

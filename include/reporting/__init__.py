@@ -1,4 +1,4 @@
-"""Run reports, quality gates, the dataset asset, and run state for the monitor page.
+"""Run reports, quality gates, the dataset asset's names, and run state for the monitor page.
 
 Names are loaded on first use, so that the DAG file can import the asset alias at parse
 time without pulling in the report's readers (storage, generation, plotting).
@@ -12,16 +12,14 @@ from typing import Any
 _EXPORTS = {
     "DATASET_ALIAS": "include.reporting.asset",
     "asset_event_extra": "include.reporting.asset",
-    "dataset_asset": "include.reporting.asset",
+    "dataset_asset_name": "include.reporting.asset",
     "dataset_asset_uri": "include.reporting.asset",
-    "emit_dataset_event": "include.reporting.asset",
     "QualityGateError": "include.reporting.gates",
     "QualityGates": "include.reporting.gates",
     "raise_for_gates": "include.reporting.gates",
     "build_report": "include.reporting.report",
     "format_summary": "include.reporting.report",
-    "report_prefix": "include.reporting.report",
-    "report_run": "include.reporting.report",
+    "report_prefix": "include.layout",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,11 +1,11 @@
 """Airflow's side of the monitor page: the DAG's recent runs and their shards' task states.
 
 The page's other half (``include.reporting.monitor``) reads the runs' own files; this module
-asks Airflow what it scheduled. ``query_runs`` reads the DAG's newest runs, the mapped
-``shard.generate`` / ``shard.upload`` / ``shard.tokenize`` task instances of each and the
-plan each run's ``prepare_prompts`` returned, from Airflow's metadata database through its
-ORM: it runs inside the API server, which already holds that database session; the REST API
-would be a call from the server to itself. Everything else here is pure and unit-tested:
+makes sense of what Airflow scheduled. The plugin (``plugins/regen_monitor.py``,
+``query_runs``) reads the DAG's newest runs, the mapped ``shard.generate`` / ``shard.upload``
+/ ``shard.tokenize`` task instances of each and the plan each run's ``prepare_prompts``
+returned, from Airflow's metadata database, and hands them here as plain rows. Everything
+here is pure and unit-tested:
 
 * ``classify_shard``: a shard is *done* when its three tasks succeeded, else it is in its
   first unfinished task, *running* (running), *failed* (failed, upstream_failed, or skipped
@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
+
+from include.layout import REGENERATIONS_PREFIX
 
 #: The mapped task group's tasks, in the order each shard runs them.
 SHARD_TASKS = ("shard.generate", "shard.upload", "shard.tokenize")
@@ -82,9 +84,10 @@ class TaskRow:
 def _location(plan: Any) -> str:
     """Return the outputs location the plan writes to: ``.`` or ``regenerations/<id>``."""
     if isinstance(plan, list) and plan and isinstance(plan[0], dict):
-        head, sep, tail = str(plan[0].get("outputs_uri", "")).rpartition("/regenerations/")
+        head, sep, tail = str(plan[0].get("outputs_uri", "")).rpartition(
+            f"/{REGENERATIONS_PREFIX}/")
         if sep and head:
-            return "regenerations/" + tail
+            return f"{REGENERATIONS_PREFIX}/{tail}"
     return "."
 
 
@@ -145,48 +148,3 @@ def attach(runs: list[dict[str, Any]], airflow_runs: list[dict[str, Any]]
             locations.append({**loc, "airflow_runs": mine})
         out.append({**run, "locations": locations})
     return out, [a for a in airflow_runs if id(a) not in matched]
-
-
-def _text(state: Any) -> str | None:
-    """Return a state as its plain value (the ORM may hand back Airflow's state enums)."""
-    return None if state is None else str(getattr(state, "value", state))
-
-
-def query_runs(dag_id: str, ui_base: str = "", limit: int = RECENT_RUNS
-               ) -> list[dict[str, Any]]:
-    """Return the DAG's ``limit`` newest runs, newest first, summarized (``summarize_run``).
-
-    Reads Airflow's metadata database (call it inside an Airflow component: the API server).
-    """
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    from include.settings import RunSettings
-
-    default_name = RunSettings.model_fields["run_name"].default
-    with create_session() as session:
-        runs = session.execute(
-            select(DagRun.run_id, DagRun.state.label("state"), DagRun.conf, DagRun.start_date)
-            .where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(limit)).all()
-        run_ids = [r.run_id for r in runs]
-        tasks: dict[str, list[TaskRow]] = {}
-        for row in session.execute(
-                select(TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
-                       TaskInstance.state,
-                       TaskInstance.rendered_map_index.label("rendered_map_index"))
-                .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(run_ids),
-                       TaskInstance.task_id.in_(SHARD_TASKS), TaskInstance.map_index >= 0)):
-            tasks.setdefault(row.run_id, []).append(
-                TaskRow(row.task_id, row.map_index, _text(row.state), row.rendered_map_index))
-        plans = {row.run_id: XComModel.deserialize_value(row) for row in session.execute(
-            select(XComModel.run_id, XComModel.value)
-            .where(XComModel.dag_id == dag_id, XComModel.run_id.in_(run_ids),
-                   XComModel.task_id == PLAN_TASK, XComModel.key == "return_value",
-                   XComModel.map_index == -1))}
-    return [summarize_run(
-        dag_id, {"run_id": r.run_id, "state": _text(r.state), "conf": r.conf,
-                 "start_date": r.start_date.isoformat() if r.start_date else None},
-        tasks.get(r.run_id, ()), plans.get(r.run_id), ui_base, default_name) for r in runs]

@@ -1,9 +1,10 @@
-"""The finished dataset as an Airflow Asset, updated only by a run that passed its gates.
+"""The finished dataset's Asset name, URI and event extra, updated only by a passed run.
 
 The DAG's run name is chosen at trigger time, so the dataset's URI is not known when the DAG
 is parsed: the report task declares the static alias ``DATASET_ALIAS`` as its outlet and, on
-pass, attaches an event for ``dataset_asset(settings)`` to it. A run that fails its gates
-raises before that, and a failed task emits no asset event at all.
+pass, attaches an event for the run's dataset to it (``include.pipeline.report``, which builds
+the Airflow ``Asset`` from these names). A run that fails its gates raises before that, and a
+failed task emits no asset event at all.
 """
 
 from __future__ import annotations
@@ -35,13 +36,6 @@ def dataset_asset_name(settings: Any) -> str:
     return f"drafter_data/{settings.run_name}"
 
 
-def dataset_asset(settings: Any) -> Any:
-    """Return the ``airflow.sdk.Asset`` of a run's finished dataset."""
-    from airflow.sdk import Asset
-
-    return Asset(name=dataset_asset_name(settings), uri=dataset_asset_uri(settings))
-
-
 def asset_event_extra(summary: dict[str, Any]) -> dict[str, Any]:
     """Return the asset event's extra: where the outputs and report are, and the counts."""
     run = summary["run"]
@@ -55,18 +49,3 @@ def asset_event_extra(summary: dict[str, Any]) -> dict[str, Any]:
         "samples": summary["tokenized"]["written"],
         "tokens": summary["tokenized"]["tokens"],
     }
-
-
-def emit_dataset_event(outlet_events: Any, settings: Any, summary: dict[str, Any]) -> bool:
-    """Attach the dataset's asset event to the ``DATASET_ALIAS`` outlet if the run passed.
-
-    ``outlet_events`` is the task context's ``outlet_events``. Returns False (and attaches
-    nothing) when the summary did not pass its gates.
-    """
-    if not summary.get("passed"):
-        return False
-    from airflow.sdk import AssetAlias
-
-    outlet_events[AssetAlias(DATASET_ALIAS)].add(dataset_asset(settings),
-                                                 extra=asset_event_extra(summary))
-    return True

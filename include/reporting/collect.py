@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from include.generation.shard import load_journal_records, output_keys
-from include.layout import shard_index, tokenized_keys
+from include.generation.shard import load_journal_records
+from include.layout import output_keys, shard_index, tokenized_keys
 from include.storage import Store
 
 

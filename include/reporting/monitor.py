@@ -36,6 +36,17 @@ from typing import Any
 from cachetools import LRUCache, TTLCache
 
 from include.generation.journal import is_final, merge_lines
+from include.layout import (
+    GENERATED_PREFIX,
+    JOURNAL_PREFIX,
+    MANIFEST_KEY,
+    REGENERATIONS_PREFIX,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_PREFIX,
+    SHARD_MANIFEST_SUFFIX,
+    TOKENIZED_PREFIX,
+)
 from include.servers.report import own_server_url
 from include.sglang_health import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
 from include.storage import LocalStore, S3Store, Store
@@ -53,7 +64,8 @@ REPORT_MEDIA_TYPES = {"html": "text/html", "md": "text/markdown", "json": "appli
 # One path segment written by this project: no "", ".", ".." or hidden names.
 _SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
 _REPORT_KEY = re.compile(
-    rf"{_SEGMENT}/(?:regenerations/{_SEGMENT}/)?report/{_SEGMENT}/{_SEGMENT}\.(?P<ext>[a-z]+)")
+    rf"{_SEGMENT}/(?:{REGENERATIONS_PREFIX}/{_SEGMENT}/)?{REPORT_PREFIX}/{_SEGMENT}/{_SEGMENT}"
+    r"\.(?P<ext>[a-z]+)")
 
 
 def is_report_file(key: str) -> bool:
@@ -66,6 +78,14 @@ def is_report_file(key: str) -> bool:
     """
     match = _REPORT_KEY.fullmatch(key)
     return match is not None and match["ext"] in REPORT_MEDIA_TYPES
+
+
+def _location_of(key: str) -> str:
+    """Return the outputs location a key under a run lies in (``regenerations/<id>`` or
+    deeper, cut at the first output folder)."""
+    for folder in (REPORT_PREFIX, JOURNAL_PREFIX, GENERATED_PREFIX, TOKENIZED_PREFIX):
+        key = key.split(f"/{folder}/")[0]
+    return key
 
 
 @dataclass(frozen=True)
@@ -200,18 +220,18 @@ class RunMonitor:
                   ) -> dict[str, Any]:
         """Return one run's state: one entry per outputs location, newest report links."""
         now = time.time() if now is None else now
-        shard_prompts = self._fact(f"{name}/prompts/manifest.json", lambda m: {
+        shard_prompts = self._fact(f"{name}/{MANIFEST_KEY}", lambda m: {
             s["shard_id"]: s["count"] for s in m["shards"] if s["count"]})
         keys = self.store.list(f"{name}/")
-        locations = sorted({k[len(name) + 1:].split("/report/")[0].split("/journal/")[0]
-                            .split("/generated/")[0].split("/tokenized/")[0]
-                            for k in keys if k.startswith(f"{name}/regenerations/")})
+        regenerations = f"{name}/{REGENERATIONS_PREFIX}/"
+        locations = sorted({_location_of(k[len(name) + 1:])
+                            for k in keys if k.startswith(regenerations)})
         locations = [""] + [loc for loc in locations if loc.count("/") == 1]
         out = []
         for loc in locations:
             base = f"{name}/{loc}/" if loc else f"{name}/"
             mine = [k[len(base):] for k in keys if k.startswith(base)
-                    and (loc or not k.startswith(f"{name}/regenerations/"))]
+                    and (loc or not k.startswith(regenerations))]
             out.append(self._location_state(base, loc, mine, shard_prompts, now, probe))
         return {"run_name": name, "prompts": sum(shard_prompts.values()),
                 "shards_in_run": len(shard_prompts), "locations": out}
@@ -220,12 +240,14 @@ class RunMonitor:
                         shard_prompts: dict[str, int], now: float, probe: bool
                         ) -> dict[str, Any]:
         tokenized = {k.split("/")[1].split(".")[0] for k in keys
-                     if k.startswith("tokenized/") and k.endswith(".manifest.json")}
+                     if k.startswith(f"{TOKENIZED_PREFIX}/")
+                     and k.endswith(SHARD_MANIFEST_SUFFIX)}
         generated = {k.split("/")[1].split(".")[0] for k in keys
-                     if k.startswith("generated/") and k.endswith(".manifest.json")}
+                     if k.startswith(f"{GENERATED_PREFIX}/")
+                     and k.endswith(SHARD_MANIFEST_SUFFIX)}
         journals: dict[str, list[str]] = {}  # a shard's segments; none yet right after start
         for k in keys:
-            if k.startswith("journal/") and k.count("/") == 2:
+            if k.startswith(f"{JOURNAL_PREFIX}/") and k.count("/") == 2:
                 segments = journals.setdefault(k.split("/")[1], [])
                 if k.endswith(".jsonl"):
                     segments.append(k)
@@ -235,7 +257,7 @@ class RunMonitor:
         servers_seen: dict[str, float] = {}
         progress: dict[str, int] = {}
         for sid in sorted(generated):
-            shard_counts = self._fact(f"{base}generated/{sid}.manifest.json",
+            shard_counts = self._fact(f"{base}{GENERATED_PREFIX}/{sid}{SHARD_MANIFEST_SUFFIX}",
                                       lambda m: {k: m["counts"][k] for k in counts})
             for k in counts:
                 counts[k] += shard_counts[k]
@@ -269,10 +291,11 @@ class RunMonitor:
         eta_s = (remaining / rate.prompts_per_s if rate and remaining > 0 and idle_s is not None
                  and idle_s <= RATE_WINDOW_S else None)
         reports = sorted({k.split("/")[1] for k in keys
-                          if k.startswith("report/") and k.endswith("/report.json")})
+                          if k.startswith(f"{REPORT_PREFIX}/") and k.endswith(f"/{REPORT_JSON}")})
         report_links = [
-            {"airflow_run_id": rid, "key": f"{base}report/{rid}/report.html",
-             "passed": self._fact(f"{base}report/{rid}/report.json", lambda r: r.get("passed"))}
+            {"airflow_run_id": rid, "key": f"{base}{REPORT_PREFIX}/{rid}/{REPORT_HTML}",
+             "passed": self._fact(f"{base}{REPORT_PREFIX}/{rid}/{REPORT_JSON}",
+                                  lambda r: r.get("passed"))}
             for rid in reports]
         return {
             "location": loc or ".", "shards_done": len(tokenized),

@@ -16,7 +16,13 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from include.layout import MANIFEST_KEY, run_folder
+from include.layout import (
+    MANIFEST_KEY,
+    REPORT_HTML,
+    REPORT_JSON,
+    REPORT_MARKDOWN,
+    report_prefix,
+)
 from include.reporting.collect import (
     Completion,
     ShardFacts,
@@ -66,15 +72,6 @@ SOURCES_OF_TRUTH: dict[str, str] = {
     "shards": "the DAG's plan: shards produced by this run and shards reused as complete",
     "gates": "computed from generation.per_shard, tokenization.per_shard, funnel.generation",
 }
-
-
-def report_prefix(run_id: str) -> str:
-    """Return the store prefix of one Airflow run's report (``report/<safe run id>/``).
-
-    One folder per Airflow run: a later backfill of the same run writes its own report
-    instead of colliding with the first one's create-only files.
-    """
-    return f"report/{run_folder(run_id)}/"
 
 
 def _stats(values: list[int]) -> dict[str, float | int]:
@@ -209,7 +206,7 @@ def build_report(
     report = compute_report(settings, manifest, shards, run_id=run_id, outputs_uri=outputs_uri,
                             gates=gates, launch=launch, generate_results=generate_results)
     prefix = report_prefix(run_id)
-    report["report_uri"] = outputs_store.uri(prefix + "report.html")
+    report["report_uri"] = outputs_store.uri(prefix + REPORT_HTML)
     files: dict[str, bytes] = {}
     if plots:
         from include.reporting.plots import render_plots
@@ -219,12 +216,12 @@ def build_report(
     report["plots"] = sorted(k[len(prefix):] for k in files)
     from include.reporting.render import render_html, render_markdown
 
-    files[prefix + "report.md"] = render_markdown(report).encode()
-    files[prefix + "report.html"] = render_html(report).encode()
+    files[prefix + REPORT_MARKDOWN] = render_markdown(report).encode()
+    files[prefix + REPORT_HTML] = render_html(report).encode()
     for key, data in files.items():
         outputs_store.write_new(key, data)
     data = (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-    outputs_store.write_new(prefix + "report.json", data)
+    outputs_store.write_new(prefix + REPORT_JSON, data)
     summary = summarize(report)
     log.info("%s", format_summary(summary))
     return summary
@@ -281,27 +278,3 @@ def format_summary(summary: dict[str, Any]) -> str:
     if not summary["consistency_ok"]:
         lines.append("  WARNING: manifests and journals disagree; see consistency in report.json")
     return "\n".join(lines)
-
-
-def report_run(
-    settings: Any, produced: list[str], run_id: str, launch: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Write the report of a DAG run whose shard group produced ``produced``; return its summary.
-
-    Shards the run's ``shard_range`` selects but did not produce are reported as reused
-    (complete from an earlier run). Never raises for a broken gate (see ``raise_for_gates``).
-    """
-    from include.prompts.plan import open_run_store, outputs_uri
-    from include.prompts.prepare import shard_id
-
-    run_store = open_run_store(settings)
-    manifest = read_json(run_store, MANIFEST_KEY)
-    if manifest is None:
-        raise FileNotFoundError(f"{run_store.uri(MANIFEST_KEY)} does not exist")
-    selected = [shard_id(n) for n in settings.shard_numbers(len(manifest["shards"]))
-                if manifest["shards"][n]["count"]]
-    done = set(produced)
-    reused = [s for s in selected if s not in done]
-    outputs = open_run_store(settings, outputs_uri(settings, run_id))
-    return build_report(settings, run_store, outputs, produced, reused, run_id=run_id,
-                        launch=launch)

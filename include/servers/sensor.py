@@ -31,14 +31,13 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from airflow.sdk import BaseSensorOperator
 
 from include.servers.checks import ModelExpectation
 from include.servers.report import ident_address, trusted_spec
-from include.servers.triggers import ServerHealthTrigger
 
 if TYPE_CHECKING:
+    from include.servers.triggers import ServerHealthTrigger
     from include.settings import RunSettings
 
 #: Airflow's own timeout of a deferred gate, beyond ``launch_timeout_s``: the trigger's
@@ -105,6 +104,10 @@ class ServerHealthSensor(BaseSensorOperator):
 
     def _trigger(self, context: Any) -> ServerHealthTrigger:
         """Return the trigger for the deployment's own server, with the settings' checks."""
+        # Imported when the sensor runs, not when the DAG file is parsed: the trigger brings
+        # aiohttp and the SSH hooks, and the triggerer imports it by its classpath anyway.
+        from include.servers.triggers import ServerHealthTrigger
+
         settings = self._settings(context)
         spec = trusted_spec(self.server, settings)
         timeout_s = float(settings.launch_timeout_s)
@@ -166,6 +169,8 @@ class ServerHealthSensor(BaseSensorOperator):
 
 
 async def _check_once(trigger: ServerHealthTrigger, *, check_process: bool) -> dict[str, Any]:
+    import aiohttp
+
     async with aiohttp.ClientSession() as session:
         return await trigger.check_once(session, check_process=check_process)
 

@@ -5,21 +5,23 @@ servers' log directory, the models a run may choose, the output root and its S3 
 protected prefixes, the data roots local sources may come from, the source catalogue and the
 servers' API key connection. They come from environment variables named ``REGEN_<SETTING>``
 (upper case; lists and objects as JSON) in the environment of every Airflow component that
-runs tasks, read when a task runs (never when the DAG file is parsed). ``.env.example`` and
-docs/settings.md ("Deployment settings") list them; ``docker-compose.yaml`` sets them once for every
-service.
+runs tasks, read when a task runs; only ``PARSE_TIME_SETTINGS`` (task arguments) are read
+when the DAG file is parsed, by ``DeploymentSettings.parse_time_values`` (environment only).
+``.env.example`` and docs/settings.md ("Deployment settings") list them;
+``docker-compose.yaml`` sets them once for every service.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import ipaddress
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from include.settings.errors import describe, raise_all
@@ -28,6 +30,15 @@ from include.settings.fields import REPO_ROOT, SAMPLE_DATA_DIR, SourceSettings
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "REGEN_"
+#: The deployment settings that are task arguments, hence read when the DAG file is parsed.
+PARSE_TIME_SETTINGS = ("max_active_shards", "defer_health_gate")
+
+
+class ParseTimeValues(NamedTuple):
+    """The ``PARSE_TIME_SETTINGS``, validated as ``DeploymentSettings`` validates them."""
+
+    max_active_shards: int
+    defer_health_gate: bool
 
 
 def env_name(setting: str) -> str:
@@ -204,6 +215,23 @@ class DeploymentSettings(BaseSettings):
         raise_all(problems)  # outside the except block: the log shows our words only
         raise AssertionError("unreachable: a validation error always names a problem")
 
+    @classmethod
+    def parse_time_values(cls) -> ParseTimeValues:
+        """Return only the ``PARSE_TIME_SETTINGS``, read from the environment alone.
+
+        What the DAG file may read when it is parsed: no other setting is validated (no source
+        catalogue, no path normalisation), no connection is read. Parsed as ``load`` parses
+        them (``REGEN_DEFER_HEALTH_GATE=0`` is false); a wrong value raises SettingsError.
+        """
+        try:
+            return ParseTimeValues(**_parse_time_model()().model_dump())
+        except ValidationError as exc:
+            problems = describe(
+                exc, what="deployment setting", known=cls.model_fields,
+                where_configured=lambda name: f" (environment variable {env_name(name)})")
+        raise_all(problems)
+        raise AssertionError("unreachable: a validation error always names a problem")
+
     def check(self) -> None:
         """Raise SettingsError for values that are each valid but unusable together."""
         problems = []
@@ -233,6 +261,20 @@ class DeploymentSettings(BaseSettings):
         if key:
             _mask(key)
         return key or None
+
+
+class _EnvironmentOnly(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, case_sensitive=False)
+
+
+@functools.cache
+def _parse_time_model() -> type[BaseSettings]:
+    """Return a settings model of the parse-time fields, each exactly as declared above."""
+    fields: dict[str, Any] = {
+        name: (DeploymentSettings.model_fields[name].annotation,
+               copy.copy(DeploymentSettings.model_fields[name]))
+        for name in PARSE_TIME_SETTINGS}
+    return create_model("ParseTimeSettings", __base__=_EnvironmentOnly, **fields)
 
 
 def _connection_password(conn_id: str) -> str | None:

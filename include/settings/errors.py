@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -103,18 +102,3 @@ def raise_all(problems: list[str]) -> None:
         raise SettingsError(
             f"{len(problems)} settings are wrong:\n" + "\n".join(f"  - {p}" for p in problems)
         )
-
-
-@contextmanager
-def fail_without_retry(*errors: type[BaseException]) -> Iterator[None]:
-    """Turn ``errors`` (and SettingsError) into a task failure that Airflow does not retry.
-
-    For mistakes in the settings or the data: the same inputs give the same error, so a retry
-    would only spend the retry delay and another worker's time.
-    """
-    from airflow.sdk.exceptions import AirflowFailException
-
-    try:
-        yield
-    except (SettingsError, *errors) as exc:
-        raise AirflowFailException(str(exc)) from None

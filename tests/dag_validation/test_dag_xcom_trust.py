@@ -60,12 +60,12 @@ def report(settings: RunSettings, action: Action = "mismatched") -> dict[str, An
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Record the server URLs each generate call would send requests to (and send none)."""
     import include.generation.shard as shard
-    import include.prompts.plan as plan
+    import include.pipeline.generate as generate
 
     calls: list[list[str]] = []
     monkeypatch.setattr(shard, "generate_shard",
                         lambda settings, shard_id, urls, *a, **k: calls.append(urls) or {})
-    monkeypatch.setattr(plan, "open_run_store", lambda settings, uri=None: None)
+    monkeypatch.setattr(generate, "open_run_store", lambda settings, uri=None: None)
     return calls
 
 

@@ -1,7 +1,8 @@
-"""The shape of ``include/``: no import circle anywhere, no module too long to read in one go.
+"""The shape of ``include/``: layers that import only downwards, no import circle anywhere,
+stages free of Airflow, no module too long to read in one go.
 
 Imports are read from the source (``ast``), inside functions too: a lazy import that closes a
-circle only hides it until the day someone moves it to the top.
+circle (or reaches up a layer) only hides it until the day someone moves it to the top.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_the_graph_sees_imports_of_every_kind() -> None:
     graph = import_graph()
     assert len(graph) > 40
     # A lazy import inside a function, and a ``from package import module``.
-    assert graph.has_edge("include.settings.checks", "include.servers.checks")
+    assert graph.has_edge("include.pipeline.check", "include.servers.checks")
     assert any(target.startswith("include.storage") for target in graph["include.settings.checks"])
 
 
@@ -68,3 +69,97 @@ def test_no_module_in_include_is_too_long_to_read_in_one_sitting() -> None:
                for p in INCLUDE.rglob("*.py")}
     long = {path: n for path, n in lengths.items() if n > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by responsibility): {long}"
+
+
+#: The layers of ``include/``, top first: a module imports its own layer or lower ones only.
+#: Stages import each other (generation reads prompt shards; reporting reads journals).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("include.pipeline",),
+    ("include.prompts", "include.servers", "include.generation", "include.tokenization",
+     "include.reporting", "include.quality", "include.conversations"),
+    # What every stage speaks to an SGLang server with: below the stages, above settings.
+    ("include.sglang", "include.sglang_health"),
+    ("include.settings",),
+    ("include.storage",),
+    ("include.layout",),
+)
+#: Upward imports that are right, each with its reason.
+UPWARD_EXCEPTIONS = {
+    # ``python -m include.generation`` is a front end like the DAG: the check_settings task's
+    # checks and the run's store, then one shard.
+    ("include.generation.__main__", "include.pipeline"): "a CLI front end",
+    ("include.generation.__main__", "include.pipeline.check"): "a CLI front end",
+    ("include.generation.__main__", "include.pipeline.run"): "a CLI front end",
+}
+#: Where a stage (or settings, storage, layout) may import Airflow, and why.
+AIRFLOW_ALLOWED = {
+    "include.servers.sensor": "the health gate is an Airflow sensor",
+    "include.servers.triggers": "its trigger, run in the triggerer",
+    "include.servers.hosts": "SSHHook: the hook that wraps the hosts' SSH connections",
+    "include.storage.s3": "S3Hook: the hook that wraps the S3 connection",
+    "include.settings.deployment": "reads the servers' API key connection (a hook-like reader)",
+    "include.settings.params": "builds the trigger form's Params from the run settings",
+}
+
+
+def layer_of(module: str) -> int | None:
+    """Return the index in ``LAYERS`` of a module's layer (None: a module of no layer)."""
+    for index, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return index
+    return None
+
+
+def upward_imports(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """Return every import of a module by one in a lower layer, less the exceptions."""
+    return sorted(
+        (a, b) for a, b in graph.edges
+        if (la := layer_of(a)) is not None and (lb := layer_of(b)) is not None and lb < la
+        and (a, b) not in UPWARD_EXCEPTIONS)
+
+
+def airflow_importers(root: Path = INCLUDE) -> dict[str, int]:
+    """Return each ``include`` module importing ``airflow`` (lazily too), with a line of it."""
+    found = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "airflow" or n.startswith("airflow.") for n in names):
+                found.setdefault(_module_name(path), node.lineno)
+    return found
+
+
+def test_every_package_of_include_is_in_a_layer() -> None:
+    unplaced = sorted({m for m in import_graph() if layer_of(m) is None} - {"include"})
+    assert not unplaced, f"place these in a layer of LAYERS (test_house.py): {unplaced}"
+
+
+def test_no_layer_imports_a_higher_one() -> None:
+    up = upward_imports(import_graph())
+    assert not up, (
+        "imports up the layers (pipeline > stages > sglang > settings > storage > layout); move "
+        f"the code down, or pass the answer in as an argument: {up}")
+
+
+def test_the_layer_rule_catches_an_upward_import() -> None:
+    graph = nx.DiGraph([("include.storage.store", "include.settings.run"),
+                        ("include.prompts.plan", "include.pipeline.run"),
+                        ("include.pipeline.plan", "include.prompts.plan"),
+                        ("include.generation.shard", "include.prompts")])
+    assert upward_imports(graph) == [("include.prompts.plan", "include.pipeline.run"),
+                                     ("include.storage.store", "include.settings.run")]
+    assert all(layer_of(a) is not None and layer_of(b) is not None
+               for a, b in UPWARD_EXCEPTIONS), "an exception names a module of no layer"
+
+
+def test_only_the_pipeline_and_the_hooks_import_airflow() -> None:
+    importers = airflow_importers()
+    assert importers, "the scan finds the pipeline's own Airflow imports"
+    stray = {m: line for m, line in importers.items()
+             if layer_of(m) != 0 and m not in AIRFLOW_ALLOWED}
+    assert not stray, (
+        "stage, settings and storage modules importing Airflow (ask Airflow in include/pipeline "
+        f"and pass the answer in; module: line): {stray}")
+    gone = sorted(set(AIRFLOW_ALLOWED) - set(importers))
+    assert not gone, f"no longer import Airflow: drop them from AIRFLOW_ALLOWED: {gone}"

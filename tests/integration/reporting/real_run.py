@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from include.generation.shard import generate_shard, publish_shard
-from include.prompts.plan import open_run_store, prepare_or_reuse
+from include.pipeline.run import open_run_store
+from include.prompts.plan import prepare_or_reuse
 from include.settings import RunSettings
 from include.tokenization.stage import tokenize_run_shard
 from sglang_standin.process import StandinProcess
@@ -57,7 +58,7 @@ def build_run(settings: RunSettings, urls: list[str], finish: int | None = None,
 
     Returns the shard ids fully run and the generate tasks' results.
     """
-    manifest = prepare_or_reuse(settings)
+    manifest = prepare_or_reuse(settings, open_run_store(settings))
     ids = [s["shard_id"] for s in manifest["shards"] if s["count"]]
     finish = len(ids) if finish is None else finish
     store = open_run_store(settings)

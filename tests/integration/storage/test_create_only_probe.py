@@ -58,7 +58,7 @@ def test_a_local_directory_is_create_only_by_construction(tmp_path) -> None:
 
 
 def test_check_settings_probes_an_s3_output_root_once(s3_bucket: Bucket, tmp_path) -> None:
-    from include.settings.checks import check_settings
+    from include.pipeline.check import check_settings
     from tests.fixtures.settings import deployment_settings
 
     data = tmp_path / "data"

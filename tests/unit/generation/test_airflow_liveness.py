@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-from include.generation import claims
-from include.generation.claims import airflow_run_is_live
+from include.pipeline import airflow_state
+from include.pipeline.airflow_state import airflow_run_is_live
 
 
 def _airflow_answering(monkeypatch, answer) -> None:
@@ -48,7 +48,7 @@ class _ApiError(Exception):
 def test_an_airflow_api_error_counts_the_run_as_live(monkeypatch, caplog, answer,
                                                      live) -> None:
     _airflow_answering(monkeypatch, answer)
-    with caplog.at_level(logging.INFO, logger=claims.log.name):
+    with caplog.at_level(logging.INFO, logger=airflow_state.log.name):
         assert airflow_run_is_live("dag")("run-1") is live
     if isinstance(answer, ConnectionError):
         assert "state unknown (api-server down); counting it as live" in caplog.text

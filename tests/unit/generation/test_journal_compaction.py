@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import json
 
-from include.generation.journal import (
-    StoreJournal,
-    compact,
-    compacted_keys,
-    read_segments,
-)
-from include.generation.shard import journal_prefix, load_journal_records, publish_shard
+from include.generation.journal import StoreJournal, compact, read_segments
+from include.generation.shard import load_journal_records, publish_shard
+from include.layout import compacted_keys, journal_prefix
 from include.prompts.prepare import encode_record, shard_key
 from include.storage import LocalStore
 

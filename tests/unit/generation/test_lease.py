@@ -12,10 +12,12 @@ import types
 import pytest
 
 from include.generation import lease
-from include.generation.claims import LeaseBusy, airflow_run_is_live, wait_for_turn
+from include.generation.claims import LeaseBusy, wait_for_turn
 from include.generation.journal import StoreJournal
 from include.generation.lease import LeaseLost, beat_key, lease_key, newest, try_take
-from include.generation.shard import journal_prefix, output_keys, publish_shard
+from include.generation.shard import publish_shard
+from include.layout import journal_prefix, output_keys
+from include.pipeline.airflow_state import airflow_run_is_live
 from include.prompts.prepare import encode_record, shard_key
 from include.storage import LocalStore
 

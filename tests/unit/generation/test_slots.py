@@ -9,7 +9,9 @@ import types
 import pytest
 
 from include.generation import shard
-from include.generation.shard import airflow_slot_free, wait_for_slot
+from include.generation.shard import wait_for_slot
+from include.pipeline import airflow_state
+from include.pipeline.airflow_state import airflow_slot_free
 
 
 def test_wait_for_slot_returns_once_a_slot_is_free(monkeypatch, caplog) -> None:
@@ -66,6 +68,6 @@ def test_airflow_slot_free_counts_the_earlier_shards_generating(monkeypatch, sta
 
 def test_airflow_slot_free_starts_when_airflow_cannot_be_asked(monkeypatch, caplog) -> None:
     _airflow_answering(monkeypatch, ConnectionError("api-server down"))
-    with caplog.at_level(logging.INFO, logger=shard.log.name):
+    with caplog.at_level(logging.INFO, logger=airflow_state.log.name):
         assert airflow_slot_free("dag", "shard.generate", "run-1", 5, slots=3)() is True
     assert "could not ask Airflow which shards are generating (api-server down)" in caplog.text

@@ -8,9 +8,12 @@ import time
 
 import pytest
 
-from include.generation.shard import journal_prefix, started_key, wait_for_progress
+from include.generation.shard import wait_for_progress
+from include.layout import journal_prefix, started_key
+from include.pipeline.plan import plan_run, stagger
+from include.pipeline.run import open_run_store, outputs_uri
 from include.prompts import MANIFEST_KEY, PrepareError
-from include.prompts.plan import outputs_uri, plan_run, prepare_or_reuse, stagger
+from include.prompts.plan import prepare_or_reuse
 from include.settings import RunSettings, SettingsError
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
@@ -53,10 +56,10 @@ def test_plan_reuses_shards_prepared_with_the_same_settings(settings, caplog) ->
 
 
 def test_plan_refuses_shards_prepared_with_other_settings(settings) -> None:
-    prepare_or_reuse(settings)
+    prepare_or_reuse(settings, open_run_store(settings))
     other = _changed(settings, seed=5)
     with pytest.raises(PrepareError, match=r"different: \['seed'\]"):
-        prepare_or_reuse(other)
+        prepare_or_reuse(other, open_run_store(other))
 
 
 def test_shard_range_skips_complete_shards_and_force_goes_elsewhere(settings) -> None:
@@ -112,7 +115,7 @@ def test_a_follower_never_waits_long_for_a_leader_that_is_not_running(settings) 
 
 
 def test_a_plan_past_the_map_limit_says_which_shard_ranges_to_run(settings) -> None:
-    from include.prompts.plan import check_map_length
+    from include.pipeline.plan import check_map_length
     from include.prompts.prepare import shard_id
 
     todo = [shard_id(n) for n in range(3, 1703)]

@@ -5,13 +5,8 @@ from __future__ import annotations
 from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from include.reporting import (
-    DATASET_ALIAS,
-    asset_event_extra,
-    dataset_asset,
-    dataset_asset_uri,
-    emit_dataset_event,
-)
+from include.pipeline.report import dataset_asset, emit_dataset_event
+from include.reporting import DATASET_ALIAS, asset_event_extra, dataset_asset_uri
 from include.settings import RunSettings
 from tests.fixtures.settings import run_settings
 

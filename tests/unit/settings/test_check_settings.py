@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from include.pipeline.check import check_settings
 from include.servers.checks import budget_line
 from include.settings import SettingsError
-from include.settings.checks import check_settings
 from tests.fixtures.settings import deployment_settings
 
 

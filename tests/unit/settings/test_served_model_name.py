@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from include.pipeline.check import check_settings
 from include.settings import SettingsError
-from include.settings.checks import check_settings
 from include.settings.params import airflow_params
 from tests.fixtures.settings import deployment_settings
 

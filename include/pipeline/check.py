@@ -1,0 +1,137 @@
+"""``check_settings``: every mistake that can be known before any work, found in seconds.
+
+It reads: the run's conf against the deployment, the output location against the protected
+prefixes, the sources and ``dedupe_against`` locations, the tokenizer, the prompt shards an
+earlier run prepared (for ``shard_range`` and reuse), whether servers on a non-loopback host
+would get an API key, and whether each GPU host's SSH connection pins the host's key. The only
+write is the create-only probe of an S3 output root (``include.storage.probe``), once per root
+and endpoint. Every problem found is reported at once, each naming the setting, the value and
+what is accepted; nothing is prepared, launched or written. Checks that need only the settings
+are in ``include.settings.checks``; those here need a stage (a source's first row, the
+tokenizer, the servers' keys and connections).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from include.pipeline.run import fail_without_retry
+from include.settings import DeploymentSettings, RunSettings, SettingsError
+from include.settings.checks import (
+    check_dedupe,
+    check_earlier_shards,
+    check_output_location,
+    check_served_name,
+    check_store_create_only,
+    describe,
+    problem,
+)
+from include.settings.deployment import env_name, inside_data_roots
+from include.settings.errors import raise_all
+
+log = logging.getLogger(__name__)
+
+
+def _check_source(index: int, run: RunSettings) -> None:
+    from include.prompts.readers import resolve_files
+
+    source = run.sources[index]
+    if not source.path:
+        return  # a hub dataset: its id, config and revision are checked when it is read
+    where = f"setting `sources[{index}]` ({source.name})"
+    try:
+        files = resolve_files(source)
+    except Exception as exc:  # noqa: BLE001 - the reader's own message names the path
+        raise SettingsError(f"{where}: {exc}") from None
+    for f in files:
+        if not inside_data_roots(f, run.deployment.data_roots):
+            raise SettingsError(
+                f"{where}: {f!r} resolves (through a link) to {os.path.realpath(f)!r}, outside "
+                f"the data roots {run.deployment.data_roots} ({env_name('data_roots')})")
+        try:
+            with open(f, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise SettingsError(f"{where}: cannot read {f!r} ({exc.strerror}); make it "
+                                "readable by the Airflow workers") from None
+    from include.prompts.prepare import check_layout
+
+    try:
+        check_layout(source)  # the first row: its columns fit the kind and the filters
+    except Exception as exc:  # noqa: BLE001 - the reader's message names source and columns
+        raise SettingsError(f"{where}: {exc}") from None
+
+
+def _check_tokenizer(run: RunSettings) -> None:
+    if not run.tokenizer_path:
+        return
+    from include.tokenization import load_tokenizer
+
+    try:
+        load_tokenizer(run.tokenizer_path)
+    except Exception as exc:  # noqa: BLE001 - TokenizerError names the path and the fix
+        raise SettingsError(f"setting `tokenizer_path`: {exc}") from None
+
+
+def _check_host_keys(run: RunSettings) -> None:
+    """Refuse a GPU host whose SSH connection does not pin the host's key."""
+    from include.servers.hosts import host_key_problems
+
+    problems = []
+    for i, host in enumerate(run.deployment.gpu_hosts):
+        if not host.ssh_conn_id:
+            continue
+        try:
+            from airflow.sdk import BaseHook
+
+            extra = BaseHook.get_connection(host.ssh_conn_id).extra_dejson
+        except Exception as exc:  # noqa: BLE001 - not found, or a broken secrets backend
+            problems.append(f"deployment setting `gpu_hosts[{i}]` ({host.host}): cannot read "
+                            f"SSH connection `{host.ssh_conn_id}` ({exc}); define it")
+            continue
+        problems += [f"deployment setting `gpu_hosts[{i}]` ({host.host}): {p}"
+                     for p in host_key_problems(host.ssh_conn_id, extra)]
+    raise_all(problems)
+
+
+def _check_api_key(run: RunSettings) -> None:
+    from include.servers.checks import key_problems
+
+    raise_all(key_problems(run.deployment, run.api_key))
+
+
+def check_settings(params: Mapping[str, Any] | None,
+                   deployment: DeploymentSettings | None = None) -> RunSettings:
+    """Run every check that needs no GPU and writes nothing; raise SettingsError listing all.
+
+    Returns the bound settings, logged resolved.
+    """
+    settings = RunSettings.from_mapping(params, deployment)
+    problems = problem(lambda: check_output_location(settings))
+    for i in range(len(settings.sources)):
+        problems += problem(lambda i=i: _check_source(i, settings))
+    for i in range(len(settings.dedupe_against)):
+        problems += problem(lambda i=i: check_dedupe(i, settings))
+    problems += problem(lambda: check_served_name(settings))
+    problems += problem(lambda: _check_api_key(settings))
+    problems += problem(lambda: _check_tokenizer(settings))
+    problems += problem(lambda: _check_host_keys(settings))
+    if not problems:  # a valid output root: prove it create-only before anything writes
+        problems += problem(lambda: check_store_create_only(settings))
+    if not problems:  # the run's location is valid: look at what an earlier run left there
+        problems += problem(lambda: check_earlier_shards(settings))
+    raise_all(problems)
+    log.info("settings checked; resolved:\n%s", describe(settings))
+    from include.servers.checks import budget_line
+
+    log.info("%s", budget_line(settings))
+    return settings
+
+
+def run(params: Mapping[str, Any] | None) -> None:
+    """The check_settings task: fail, without a retry, on any wrong setting."""
+    with fail_without_retry():
+        check_settings(params)

@@ -1,0 +1,39 @@
+"""``shard.generate``: one shard's completions into its journal, one writer at a time.
+
+Binds the settings, turns the servers' identifiers (XCom) into the deployment's own URLs
+before any request, opens the outputs and prompts stores, and gives the generation stage
+Airflow's answers as callables: whether another run that holds the shard is still live, and
+(for a shard queued ahead) whether one of the run's generation slots is free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
+from include.pipeline.run import bind, fail_without_retry, open_run_store
+
+
+def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
+        wait_for: dict[str, Any] | None, params: Mapping[str, Any] | None, *, dag_id: str,
+        run_id: str | None, ti: Any, slots: int) -> dict[str, Any]:
+    """The generate task: generate the shard (resuming its journal); return its summary.
+
+    ``slots`` is how many shards generate at once; ``ti`` (Airflow's task instance) gives the
+    shard's map index for the slot check. Without ``ti`` or ``run_id`` the shard waits for
+    no slot.
+    """
+    from include.generation import shard
+    from include.servers.report import XComMismatchError, trusted_urls
+
+    settings = bind(params)
+    with fail_without_retry(XComMismatchError):
+        urls = trusted_urls(servers, settings)
+    slot_free = (airflow_slot_free(dag_id, ti.task_id, run_id, ti.map_index, slots)
+                 if ti and run_id else None)
+    return shard.generate_shard(settings, shard_id, urls,
+                                open_run_store(settings, outputs_uri), open_run_store(settings),
+                                wait_for, run_id=run_id, is_live=airflow_run_is_live(dag_id),
+                                slot_free=slot_free,
+                                lease_ttl_s=settings.deployment.lease_ttl_s)

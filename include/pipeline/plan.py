@@ -1,0 +1,84 @@
+"""``prepare_prompts``: prepare or reuse the run's prompt shards; plan the shards to run.
+
+The prompts stage (``include.prompts.plan``) prepares or reuses the shards and picks those
+left; this task adds what belongs to the run: where its outputs go, that Airflow can map that
+many shards, and the staggered start of the first shards in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from include.layout import shard_index
+from include.pipeline.airflow_state import max_map_length
+from include.pipeline.run import bind, fail_without_retry, open_run_store, outputs_uri
+from include.prompts.plan import PERMANENT_ERRORS, prepare_or_reuse, select_shards
+from include.settings import RunSettings, SettingsError
+
+log = logging.getLogger(__name__)
+
+
+def check_map_length(settings: RunSettings, todo: list[str], total: int,
+                     limit: int | None = None) -> None:
+    """Refuse, before any server starts, a run mapping more shards than Airflow allows.
+
+    The message says exactly what to do: run the shards in parts with ``shard_range`` (the
+    prompt shards are prepared once and reused), or raise the deployment's limit.
+    """
+    limit = max_map_length() if limit is None else limit
+    if len(todo) <= limit:
+        return
+    first, last = shard_index(todo[0]), shard_index(todo[-1])
+    parts = [f"'{lo}-{min(lo + limit, last + 1) - 1}'" for lo in range(first, last + 1, limit)]
+    raise SettingsError(
+        f"setting `shard_range` ({settings.shard_range or 'all'}): this run would generate "
+        f"{len(todo)} of the {total} shards, more than Airflow maps one task over here "
+        f"(core.max_map_length = {limit}). The prompts are prepared and kept; run the shards "
+        f"in parts with shard_range {', then '.join(parts[:3])}{' ...' if len(parts) > 3 else ''}"
+        f" (same run_name), or ask whoever deploys to set AIRFLOW__CORE__MAX_MAP_LENGTH to at "
+        f"least {len(todo)} on the scheduler and workers")
+
+
+def stagger(shard_ids: list[str], shards_in_flight: int) -> list[dict[str, Any] | None]:
+    """Return, per shard, the progress of the first shard it waits for before starting.
+
+    Shards in flight share the servers equally, so shards that start together also drain
+    together, and the GPUs idle at every such boundary. The first wave therefore starts
+    staggered: shard ``p`` (``0 < p < shards_in_flight``) waits until the first shard has
+    finished ``p / shards_in_flight`` of its prompts. Later shards start as earlier ones
+    finish, so the offsets persist and each drain overlaps the others' steady work.
+    """
+    first = shard_ids[0] if shard_ids else None
+    return [
+        {"shard_id": first, "fraction": round(p / shards_in_flight, 4)}
+        if 0 < p < shards_in_flight
+        else None
+        for p in range(len(shard_ids))
+    ]
+
+
+def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1) -> list[dict[str, Any]]:
+    """Prepare or reuse the prompt shards; return what the per-shard task group maps over.
+
+    One ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run (``wait_for``: see
+    ``stagger``).
+    """
+    manifest = prepare_or_reuse(settings, open_run_store(settings))
+    outputs = outputs_uri(settings, run_id)
+    plan = select_shards(settings, manifest, open_run_store(settings, outputs))
+    check_map_length(settings, plan["shards"], plan["total_shards"])
+    log.info("outputs of this run go to %s", outputs)
+    waits = stagger(plan["shards"], shards_in_flight)
+    return [
+        {"shard_id": sid, "outputs_uri": outputs, "wait_for": wait}
+        for sid, wait in zip(plan["shards"], waits, strict=True)
+    ]
+
+
+def run(params: Mapping[str, Any] | None, run_id: str | None,
+        shards_in_flight: int) -> list[dict[str, Any]]:
+    """The prepare_prompts task: the plan, or a failure without retry on a permanent error."""
+    with fail_without_retry(*PERMANENT_ERRORS):
+        return plan_run(bind(params), run_id or "manual", shards_in_flight)

@@ -1,0 +1,60 @@
+"""What every task does first: bind the run's settings, open its stores, fail for good.
+
+The run's settings are rebuilt in each task from the run's params and the deployment settings
+of the worker's environment (never from XCom); ``bind`` is the one place that happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from include.layout import regeneration_prefix
+from include.settings import RunSettings, SettingsError
+from include.storage import Store, open_store
+
+
+def bind(params: Mapping[str, Any] | None) -> RunSettings:
+    """Return the run's settings from its params and the environment's deployment settings."""
+    return RunSettings.from_mapping(params)
+
+
+def lease_owner(dag_id: str, run_id: str | None) -> str:
+    """Return the name of a run's lease on its servers, from its run id (never from XCom)."""
+    return f"{dag_id}/{run_id}"
+
+
+def outputs_uri(settings: RunSettings, run_id: str) -> str:
+    """Return where this run writes journals, completions and tokenized shards.
+
+    Normally the run's own location; with ``force_regenerate`` a fresh folder named after the
+    Airflow run id, so earlier outputs of the same shards stay untouched.
+    """
+    if not settings.force_regenerate:
+        return settings.run_uri
+    return f"{settings.run_uri}/{regeneration_prefix(run_id)}"
+
+
+def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
+    """Return the store at ``uri`` (default: the run's location), protected prefixes enforced."""
+    return open_store(
+        uri or settings.run_uri,
+        s3_conn_id=settings.deployment.s3_conn_id,
+        protected_prefixes=tuple(settings.deployment.protected_prefixes),
+    )
+
+
+@contextmanager
+def fail_without_retry(*errors: type[BaseException]) -> Iterator[None]:
+    """Turn ``errors`` (and SettingsError) into a task failure that Airflow does not retry.
+
+    For mistakes in the settings or the data: the same inputs give the same error, so a retry
+    would only spend the retry delay and another worker's time.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        yield
+    except (SettingsError, *errors) as exc:
+        raise AirflowFailException(str(exc)) from None
