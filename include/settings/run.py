@@ -282,8 +282,20 @@ class RunSettings(BaseModel):
         return self.model_dump(mode="json")
 
     def subset(self, names: tuple[str, ...]) -> dict[str, Any]:
-        """Return the named settings as JSON-ready data."""
-        return self.model_dump(mode="json", include=set(names))
+        """Return the named settings as JSON-ready data.
+
+        A setting added after earlier runs recorded theirs is left out at the value that
+        means "as before" (``NEUTRAL_VALUES``), so those runs' prompts and journals match.
+        """
+        data = self.model_dump(mode="json", include=set(names))
+        for key, neutral in NEUTRAL_VALUES.items():
+            if key in data and data[key] == neutral:
+                del data[key]
+        for source in data.get("sources") or []:
+            for key, neutral in NEUTRAL_SOURCE_VALUES.items():
+                if key in source and source[key] == neutral:
+                    del source[key]
+        return data
 
     def fingerprint(self, names: tuple[str, ...]) -> str:
         """Return a short stable hash of the named settings (e.g. those that shape prompts)."""
@@ -322,6 +334,10 @@ class RunSettings(BaseModel):
             chosen.update(range(lo, hi + 1))
         return sorted(chosen)
 
+
+#: Settings (and source keys) added later, at the value their absence meant before.
+NEUTRAL_VALUES: dict[str, Any] = {"turns": "first"}
+NEUTRAL_SOURCE_VALUES: dict[str, Any] = {"turns": None}
 
 #: Settings that decide which prompts exist and how they are sharded; equal fingerprints mean
 #: an earlier run's prompt shards can be reused.

@@ -57,3 +57,22 @@ def test_turns_all_per_source_or_per_run_marks_the_records(make_settings, tmp_pa
     assert everything and all(p["turns"] == "all" for p in everything)
     formats = {p["source"]: p["call_format"] for p in everything}
     assert formats["agentinstruct"] == "agent_action" and formats[hermes] == "tool_call"
+
+
+def test_prompts_prepared_before_turns_existed_are_still_reused(make_settings, tmp_path) -> None:
+    from include.settings import PREPARATION_SETTINGS
+
+    d = tmp_path / "samples"
+    write_sample_set(d, n=5)
+    first = make_settings(_sources(d))
+    recorded = first.subset(PREPARATION_SETTINGS)
+    # What a manifest written before `turns` existed records: no such key anywhere.
+    assert "turns" not in recorded and all("turns" not in s for s in recorded["sources"])
+    manifest = {"preparation_settings": recorded}
+    assert first.preparation_differences(manifest) == []
+    whole = make_settings(_sources(d), turns="all")
+    assert whole.preparation_differences(manifest) == ["turns"]
+    hermes = make_settings(_sources(d, hermes_fc={"turns": "all"}))
+    assert hermes.preparation_differences(manifest) == ["sources"]
+    assert len({first.fingerprint(PREPARATION_SETTINGS), whole.fingerprint(PREPARATION_SETTINGS),
+                hermes.fingerprint(PREPARATION_SETTINGS)}) == 3
