@@ -1,7 +1,8 @@
 """One request to an SGLang server's OpenAI-compatible chat endpoint, and its result.
 
 Shaped like vLLM's benchmark request functions: a request dataclass in, a result dataclass out,
-one shared ``aiohttp.ClientSession`` passed in. Every failure is recorded in the result with
+one shared ``aiohttp.ClientSession`` passed in; the HTTP call itself is
+``include.sglang.aio.chat``. Every failure is recorded in the result with
 its HTTP status, the server's message and whether a retry can succeed; nothing is raised.
 """
 
@@ -11,9 +12,12 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+from include.sglang import aio, contract
+
+if TYPE_CHECKING:
+    import aiohttp
 
 #: Failure kinds. Retryable ones can succeed on another try or another server.
 CONNECT = "connect_error"  # refused / reset before a response: the server is likely down
@@ -138,28 +142,20 @@ async def send_chat(
     """Send one chat completion to ``server`` and return its result; never raises for I/O."""
     result = ChatResult(server=server)
     start = time.perf_counter()
-    try:
-        async with session.post(
-            server + "/v1/chat/completions",
-            json=build_body(request),
-            headers=headers,
-            timeout=timeout,
-        ) as resp:
-            result.status = resp.status
-            body = await resp.read()
-            if resp.status == 200:
-                _parse_completion(result, body)
-            else:
-                _classify_error(result, resp.status, body.decode("utf-8", "replace"))
-    except TimeoutError:
+    answer = await aio.chat(session, server, build_body(request), headers, timeout)
+    if answer.answered:
+        result.status = answer.status
+        if answer.status == 200:
+            _parse_completion(result, answer.body)
+        else:
+            _classify_error(result, answer.status, answer.text())
+    elif answer.failure == contract.TIMEOUT:
         result.error_kind, result.error = TIMEOUT, "request timed out"
-    except aiohttp.ClientConnectorError as exc:
-        result.error_kind, result.error = CONNECT, f"cannot connect: {exc.os_error}"
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-        result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
-    except aiohttp.ClientOSError as exc:  # e.g. connection reset on a pooled connection
-        result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
-    except aiohttp.ClientError as exc:
+    elif answer.failure == contract.CONNECT:
+        os_error = getattr(answer.error, "os_error", answer.error)
+        result.error_kind, result.error = CONNECT, f"cannot connect: {os_error}"
+    else:  # closed mid-answer, reset on a pooled connection, a body cut short
+        exc = answer.error
         result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
     result.latency_s = time.perf_counter() - start
     return result

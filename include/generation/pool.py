@@ -1,18 +1,11 @@
 """The servers a shard runs against: which take work now, which rest, which are gone.
 
 A server that is alive but misbehaving never loses its in-flight work; only a server that is
-gone does. Three states:
-
-* **in rotation**: takes requests up to its in-flight window.
-* **resting**: it answered ``cool_down_after_failures`` retryable failures in a row (5xx, timeout,
-  dropped connection, full queue), or its last health probe failed (timeout or not 200). It
-  gets no new requests while its in-flight ones run on. After a failure streak it rests for
-  a cool-down (``cool_down_s``, doubled for each cool-down in a row, at most
-  ``cool_down_max_s``), then takes one trial request; any success puts it back in rotation.
-  After a failed probe it rests until a probe passes.
-* **ejected**: it is gone: it refused a connection, or failed ``PROBES_TO_EJECT`` health
-  probes in a row. Its in-flight requests are cancelled so the engine sends them elsewhere,
-  and it is re-admitted when ``/health`` answers 200 again.
+gone does. The states (in rotation, resting, ejected) and every move between them are pure
+decisions in ``include.generation.server_states``; the pool feeds them what it observes
+(request results, ``/health`` probes, the time) and carries out what they decide: it logs,
+cancels an ejected server's in-flight requests so the engine sends them elsewhere, and wakes
+the dispatcher when a server's room changes.
 
 With ``concurrency_mode: adaptive`` each server's in-flight window follows its own queue
 (``sglang:num_queue_reqs`` from ``/metrics``): it grows while the server's queue is empty and
@@ -29,85 +22,75 @@ from typing import Any
 
 import aiohttp
 
+from include.generation import server_states as st
 from include.generation.client import CONNECT
+from include.generation.server_states import PROBES_TO_EJECT, ServerHealth
 from include.generation.window import next_window, parse_metrics
-from include.sglang_health import health_probe_timeout_s
+from include.sglang import aio
+from include.sglang.contract import CONNECT as NO_CONNECTION
+from include.sglang.contract import (
+    health_probe_timeout_s,
+    served_model,
+    unauthorized_cause,
+)
+
+__all__ = ["PROBES_TO_EJECT", "ServerPool", "ServerState", "unauthorized_cause"]
 
 log = logging.getLogger(__name__)
-
-#: Health probes failed in a row (timeout or not 200) after which a server counts as gone.
-#: One failed probe only rests it: a loaded host can miss one without losing its work.
-PROBES_TO_EJECT = 3
-
-
-def unauthorized_cause(sglang_conn_id: str | None = None) -> str:
-    """Return why a server answers 401, naming the connection holding the run's API key."""
-    conn = (f"Airflow connection {sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)" if sglang_conn_id
-            else "the Airflow connection named by REGEN_SGLANG_CONN_ID")
-    return (f"it was started with another API key than the password of {conn}; set that "
-            "password to the servers' key, or relaunch the servers with it")
 
 
 @dataclass
 class ServerState:
-    """One server as the engine sees it."""
+    """One server as the engine sees it: its counters, and its rest state (``health``)."""
 
     url: str
     window: int
-    #: False once ejected (gone), until /health is 200 again.
-    healthy: bool = True
     in_flight: int = 0
-    consecutive_failures: int = 0
     context_length: int | None = None
     model: str | None = None
-    ejections: int = 0
-    ejected_reason: str = ""
     completed: int = 0
     output_tokens: int = 0
     sent: int = 0
-    cool_downs: int = 0
     metrics_available: bool = True
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _health: ServerHealth = field(default_factory=ServerHealth, repr=False)
     #: True whenever the server is not plainly in rotation (resting or ejected): ``free``
     #: then looks closer; the common case costs one attribute read.
     limited: bool = False
-    cool_until: float = 0.0
-    cool_level: int = 0
-    #: ``sent`` when the cool-down began: only a request sent after it can end it.
-    cool_from: int = 0
-    #: ``sent`` of the trial request in flight after a cool-down (0: none).
-    trial: int = 0
-    failed_probes: int = 0
-    #: The first prompt of the current failure streak, and whether the streak holds others.
-    streak_prompt: str | None = None
-    streak_mixed: bool = False
-    #: ``sent`` when the current failure streak began: only a request sent after it can end
-    #: it, as for a cool-down.
-    streak_from: int = 0
+
+    @property
+    def health(self) -> ServerHealth:
+        """Return the rest state (``server_states.ServerHealth``)."""
+        return self._health
+
+    @health.setter
+    def health(self, value: ServerHealth) -> None:
+        self._health = value
+        self.limited = value.limited
 
     @property
     def free(self) -> int:
         """Return how many more requests this server may take now."""
         if not self.limited:
             return self.window - self.in_flight
-        if not self.healthy or self.failed_probes or self.trial:
-            return 0
-        return 1 if time.monotonic() >= self.cool_until else 0
-
-    @property
-    def cooling(self) -> bool:
-        """Return whether a failure streak has put the server in a cool-down."""
-        return self.cool_until > 0.0
+        return self._health.free(self.window, self.in_flight, time.monotonic())
 
     @property
     def state(self) -> str:
         """Return ``in rotation``, ``resting`` or ``ejected`` (for logs and stats)."""
-        if not self.healthy:
-            return "ejected"
-        return "resting" if self.limited else "in rotation"
+        return self._health.state
 
-    def _update_limited(self) -> None:
-        self.limited = not self.healthy or bool(self.failed_probes) or self.cooling
+    # Read-only views of the rest state, under the names logs and stats use.
+    healthy = property(lambda self: self._health.healthy)
+    cooling = property(lambda self: self._health.cooling)
+    consecutive_failures = property(lambda self: self._health.consecutive_failures)
+    cool_until = property(lambda self: self._health.cool_until)
+    cool_level = property(lambda self: self._health.cool_level)
+    trial = property(lambda self: self._health.trial)
+    failed_probes = property(lambda self: self._health.failed_probes)
+    ejections = property(lambda self: self._health.ejections)
+    cool_downs = property(lambda self: self._health.cool_downs)
+    ejected_reason = property(lambda self: self._health.ejected_reason)
 
 
 class ServerPool:
@@ -135,9 +118,7 @@ class ServerPool:
         self.mode = mode
         self.min_window = min_window
         self.max_window = max_window
-        self.cool_down_after_failures = cool_down_after_failures
-        self.cool_down_s = cool_down_s
-        self.cool_down_max_s = cool_down_max_s
+        self.policy = st.Policy(cool_down_after_failures, cool_down_s, cool_down_max_s)
         self.health_interval_s = health_interval_s
         self.metrics_interval_s = metrics_interval_s
         self.headers = headers or {}
@@ -166,7 +147,7 @@ class ServerPool:
         server.in_flight += 1
         server.sent += 1
         if server.limited:
-            server.trial = server.sent
+            server.health = st.dispatched(server.health, server.sent)
         return server.sent
 
     def healthy_count(self) -> int:
@@ -182,150 +163,92 @@ class ServerPool:
 
     # --- outcomes ------------------------------------------------------------------------
     def record_success(self, server: ServerState, output_tokens: int, seq: int) -> None:
-        """Count a completed request (``seq`` from ``dispatched``).
-
-        A request sent after its server's failure streak (or cool-down) began ends it; one
-        sent before proves nothing about now: a brownout starts with old requests still
-        finishing, and letting them end the streak would make each next failure the first
-        of a new streak, charged to its prompt.
-        """
-        if seq > server.streak_from:
-            server.consecutive_failures = 0
+        """Count a completed request (``seq`` from ``dispatched``); it may end a rest."""
         server.completed += 1
         server.output_tokens += output_tokens
-        if server.cooling and seq > server.cool_from:
-            server.cool_until = 0.0
-            server.cool_level = 0
-            server.trial = 0
-            server._update_limited()
-            log.warning("server %s answered again: back in rotation after its cool-down",
-                        server.url)
-            self.changed.set()
+        self._apply(server, st.request_succeeded(server.health, seq))
 
     def record_failure(self, server: ServerState, kind: str, message: str, prompt_id: str,
                        seq: int) -> bool:
         """Count a retryable failure (``seq`` from ``dispatched``); return whether it counts
-        against the prompt.
-
-        It does only when the server was working for others: not resting, not on its trial
-        request, and not already failing other prompts (a brownout is the server's fault,
-        a prompt that fails alone is the prompt's). Connection refused ejects the server;
-        a failure streak rests it.
-        """
-        if kind == CONNECT:
-            self.eject(server, f"connection refused ({message})")
-            return False
-        charged = not server.limited
-        if server.consecutive_failures == 0:
-            server.streak_prompt, server.streak_mixed = prompt_id, False
-            server.streak_from = server.sent
-        elif prompt_id != server.streak_prompt:
-            server.streak_mixed = True
-        server.consecutive_failures += 1
-        charged = charged and not server.streak_mixed
-        was_trial = seq == server.trial
-        if was_trial:
-            server.trial = 0
-        if server.healthy and (
-            was_trial
-            or (not server.cooling and server.consecutive_failures >= self.cool_down_after_failures)
-        ):
-            what = ("its trial request failed" if was_trial else
-                    f"{server.consecutive_failures} failures in a row, last")
-            self._cool(server, f"{what}: {kind} {message[:200]}")
-        return charged
-
-    def _cool(self, server: ServerState, reason: str) -> None:
-        pause = min(self.cool_down_max_s, self.cool_down_s * 2 ** server.cool_level)
-        server.cool_level += 1
-        server.cool_downs += 1
-        server.cool_until = time.monotonic() + pause
-        server.cool_from = server.sent
-        server._update_limited()
-        log.warning("server %s rests %.1fs (%s); its %d in-flight requests run on",
-                    server.url, pause, reason, server.in_flight)
-        # Wake the dispatcher when the trial may go, not a polling interval later.
-        try:
-            asyncio.get_running_loop().call_later(pause, self.changed.set)
-        except RuntimeError:
-            pass  # no loop (a unit test driving the pool by hand): nobody waits to be woken
+        against the prompt (``server_states.request_failed`` decides)."""
+        refused = kind == CONNECT
+        step = st.request_failed(
+            server.health, self.policy, prompt_id=prompt_id, seq=seq, sent=server.sent,
+            now=time.monotonic(), failure=message if refused else f"{kind} {message[:200]}",
+            refused=refused,
+        )  # fmt: skip
+        self._apply(server, step)
+        return step.charged
 
     def eject(self, server: ServerState, reason: str) -> None:
         """Take a gone server out of rotation and cancel its in-flight requests for re-dispatch."""
-        if not server.healthy:
-            return
-        server.healthy = False
-        server._update_limited()
-        server.ejections += 1
-        server.ejected_reason = reason
-        log.warning(
-            "server %s ejected: %s; re-dispatching its %d in-flight requests",
-            server.url, reason, len(server.tasks),
-        )
-        for task in list(server.tasks):
-            task.cancel()
-        self.changed.set()
+        self._apply(server, st.eject(server.health, reason))
 
     def readmit(self, server: ServerState) -> None:
         """Put an ejected server back in rotation (its /health answered 200)."""
-        server.healthy = True
-        server.consecutive_failures = 0
-        server.failed_probes = 0
-        server.cool_until, server.cool_level, server.trial = 0.0, 0, 0
-        server._update_limited()
-        if self.mode == "adaptive":
-            server.window = max(self.min_window, min(server.window, self.max_window))
-        log.warning("server %s re-admitted: /health is 200 again", server.url)
-        self.changed.set()
+        self._apply(server, st.readmitted(server.health))
 
     def probe_result(self, server: ServerState, ok: bool, gone: bool, detail: str) -> None:
         """Apply one health probe's result (``gone``: the connection was refused)."""
-        if ok:
-            if not server.healthy:
-                self.readmit(server)
-            elif server.failed_probes:
-                server.failed_probes = 0
-                server._update_limited()
-                log.warning("server %s passes its health probe again", server.url)
-                self.changed.set()
+        self._apply(server, st.probed(server.health, self.policy, ok=ok, refused=gone,
+                                      detail=detail))
+
+    def _apply(self, server: ServerState, step: st.Step) -> None:
+        """Carry out a decision: the new state, then its effects."""
+        if step.state is not server.health:
+            server.health = step.state
+        action = step.action
+        if not action:
             return
-        if not server.healthy:
+        if action == st.REST:
+            log.warning("server %s rests %.1fs (%s); its %d in-flight requests run on",
+                        server.url, step.rest_s, step.reason, server.in_flight)
+            # Wake the dispatcher when the trial may go, not a polling interval later.
+            try:
+                asyncio.get_running_loop().call_later(step.rest_s, self.changed.set)
+            except RuntimeError:
+                pass  # no loop (a unit test driving the pool by hand): nobody waits to be woken
             return
-        server.failed_probes += 1
-        if gone or server.failed_probes >= PROBES_TO_EJECT:
-            self.eject(server, detail if gone else
-                       f"{server.failed_probes} health probes failed in a row, last: {detail}")
-        elif server.failed_probes == 1:
-            server._update_limited()
+        if action == st.EJECT:
+            log.warning("server %s ejected: %s; re-dispatching its %d in-flight requests",
+                        server.url, step.reason, len(server.tasks))
+            for task in list(server.tasks):
+                task.cancel()
+        elif action == st.READMIT:
+            if self.mode == "adaptive":
+                server.window = max(self.min_window, min(server.window, self.max_window))
+            log.warning("server %s %s", server.url, step.reason)
+        elif action == st.PROBE_REST:
             log.warning("server %s: %s; no new requests until a probe passes, its %d "
-                        "in-flight requests run on", server.url, detail, server.in_flight)
+                        "in-flight requests run on", server.url, step.reason, server.in_flight)
+            return  # the dispatcher finds the server full; nothing to wake it for
+        else:  # BACK, PROBE_PASSED
+            log.warning("server %s %s", server.url, step.reason)
+        self.changed.set()
 
     # --- background loops ----------------------------------------------------------------
     async def discover(self, session: aiohttp.ClientSession) -> None:
         """Read each server's model and context length from ``/v1/models``."""
         async def one(server: ServerState) -> None:
+            answer = await aio.models(session, server.url, self.headers, timeout=10)
+            if answer.status == 401:
+                raise PermissionError(
+                    f"server {server.url} answered 401 Unauthorized to /v1/models: "
+                    f"{unauthorized_cause(self.sglang_conn_id)}"
+                )
             try:
-                async with session.get(
-                    server.url + "/v1/models", headers=self.headers,
-                    timeout=aiohttp.ClientTimeout(total=10),
-                ) as resp:
-                    if resp.status == 401:
-                        raise PermissionError(
-                            f"server {server.url} answered 401 Unauthorized to /v1/models: "
-                            f"{unauthorized_cause(self.sglang_conn_id)}"
-                        )
-                    data = await resp.json(content_type=None)
-                entry = data["data"][0]
-                server.model = entry.get("id")
-                server.context_length = entry.get("max_model_len")
-            except PermissionError:
-                raise
-            except (TimeoutError, aiohttp.ClientError, ValueError, LookupError, TypeError) as exc:
-                server.healthy = False
-                server._update_limited()
-                server.ejected_reason = f"unreachable at start ({type(exc).__name__})"
+                if not answer.answered:
+                    raise answer.error or ConnectionError(answer.failure)
+                entry = served_model(answer.json())
+            except (TimeoutError, OSError, aiohttp.ClientError, ValueError, LookupError,
+                    TypeError) as exc:
+                server.health = st.unreachable_at_start(
+                    server.health, f"unreachable at start ({type(exc).__name__})")
                 log.warning("server %s unreachable at start (%s); the health monitor will "
                             "re-admit it when /health is 200", server.url, exc)
+                return
+            server.model, server.context_length = entry.id, entry.max_model_len
 
         await asyncio.gather(*(one(s) for s in self.servers))
 
@@ -347,49 +270,43 @@ class ServerPool:
         return health_probe_timeout_s(min(10.0, 2 * self.health_interval_s))
 
     async def _health_loop(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.probe_timeout_s())
+        timeout = self.probe_timeout_s()
         while True:
             await asyncio.sleep(self.health_interval_s)
             await asyncio.gather(*(self._check(session, s, timeout) for s in self.servers))
 
-    async def _check(
-        self, session: aiohttp.ClientSession, server: ServerState, timeout: aiohttp.ClientTimeout
-    ) -> None:
+    async def _check(self, session: aiohttp.ClientSession, server: ServerState,
+                     timeout: float) -> None:
+        answer = await aio.health(session, server.url, timeout)
         gone = False
-        try:
-            async with session.get(server.url + "/health", timeout=timeout) as resp:
-                ok = resp.status == 200
-                await resp.read()
-                detail = f"/health answered {resp.status}"
-        except aiohttp.ClientConnectorError as exc:
-            ok, gone, detail = False, True, f"/health refused the connection ({exc.os_error})"
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            ok, detail = False, f"/health failed ({type(exc).__name__})"
+        if answer.answered:
+            ok, detail = answer.status == 200, f"/health answered {answer.status}"
+        elif answer.failure == NO_CONNECTION:
+            os_error = getattr(answer.error, "os_error", answer.error)
+            ok, gone, detail = False, True, f"/health refused the connection ({os_error})"
+        else:
+            ok, detail = False, f"/health failed ({type(answer.error).__name__})"
         self.probe_result(server, ok, gone, detail)
 
     async def _metrics_loop(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(total=5)
         while True:
-            await asyncio.gather(*(self._adapt(session, s, timeout) for s in self.servers
+            await asyncio.gather(*(self._adapt(session, s) for s in self.servers
                                    if s.healthy and s.metrics_available))
             await asyncio.sleep(self.metrics_interval_s)
 
-    async def _adapt(
-        self, session: aiohttp.ClientSession, server: ServerState, timeout: aiohttp.ClientTimeout
-    ) -> None:
-        try:
-            async with session.get(server.url + "/metrics", timeout=timeout) as resp:
-                if resp.status != 200:
-                    server.metrics_available = False
-                    log.warning(
-                        "server %s has no /metrics (HTTP %d); its window stays at %d. Start "
-                        "servers with --enable-metrics for adaptive concurrency.",
-                        server.url, resp.status, server.window,
-                    )
-                    return
-                metrics = parse_metrics(await resp.text())
-        except (TimeoutError, aiohttp.ClientError):
+    async def _adapt(self, session: aiohttp.ClientSession, server: ServerState) -> None:
+        answer = await aio.metrics(session, server.url, timeout=5)
+        if not answer.answered:
             return  # the health loop owns ejection; a missed sample just skips one step
+        if answer.status != 200:
+            server.metrics_available = False
+            log.warning(
+                "server %s has no /metrics (HTTP %d); its window stays at %d. Start "
+                "servers with --enable-metrics for adaptive concurrency.",
+                server.url, answer.status, server.window,
+            )
+            return
+        metrics = parse_metrics(answer.text())
         queue = metrics.get("sglang:num_queue_reqs")
         running = metrics.get("sglang:num_running_reqs")
         if queue is None or running is None:

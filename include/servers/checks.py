@@ -2,13 +2,16 @@
 
 Pure functions over JSON and a few numbers, shared by the launcher (reuse or replace?), the
 health trigger (gate) and ``check_settings``. ``/v1/models`` is the only place SGLang shows its
-effective context length (``max_model_len``), so that is what is compared.
+effective context length (``max_model_len``), so that is what is compared; its entries are read
+by ``include.sglang.contract``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
+
+from include.sglang.contract import served_models
 
 
 class Expectation(Protocol):
@@ -52,13 +55,6 @@ class ModelExpectation:
     def from_dict(cls, data: dict[str, Any]) -> ModelExpectation:
         """Build from ``to_dict`` output."""
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-
-def served_models(models_json: Any) -> list[dict[str, Any]]:
-    """Return the model entries of a ``/v1/models`` answer ([] when it has none or is malformed)."""
-    if not isinstance(models_json, dict) or not isinstance(models_json.get("data"), list):
-        return []
-    return [m for m in models_json["data"] if isinstance(m, dict)]
 
 
 def served_model_differences(models_json: Any, expected: Expectation) -> list[str]:

@@ -2,9 +2,12 @@
 
 A ``HostRunner`` runs one command string with ``sh``: Airflow's ``SSHHook`` for a host with an
 ``ssh_conn_id``, ``sh -c`` locally otherwise (the same strings, from
-``include.servers.commands`` and ``include.servers.lifecycle``). A command may be given bytes
-on its stdin: that is how a secret (the servers' API key) reaches a host without ever being
-part of a command line, which other users of the host can read in ``ps``.
+``include.servers.commands`` and ``include.servers.lifecycle``). It is the only way this
+project runs a command on a host: the launcher calls it directly, the health trigger in a
+worker thread, so host-key pinning and the container prefix are applied in one place. A
+command may be given bytes on its stdin: that is how a secret (the servers' API key) reaches
+a host without ever being part of a command line, which other users of the host can read in
+``ps``.
 """
 
 from __future__ import annotations
@@ -273,6 +276,18 @@ def run_on_host(
             f"{result.exit_status}: {(result.stderr or result.stdout).strip()[-800:]}"
         )
     return result
+
+
+def run_once_on_host(spec: ServerSpec, command: str, *, timeout: float = 30.0) -> str:
+    """Run one command for a server on a connection of its own; return its stdout.
+
+    For the health trigger, which runs it in a worker thread (``asyncio.to_thread``) now and
+    then: the same pinning, prefix and wording as the launcher's ``run_on_host``, one
+    connection attempt (the trigger checks again at its next interval), closed at once.
+    Raise HostError when the host cannot be reached or the command fails.
+    """
+    with Runners(connect_attempts=1) as runners:
+        return run_on_host(runners, spec, command, timeout=timeout).stdout
 
 
 def fetch_log_tail(

@@ -20,11 +20,8 @@ command line, no report and no log tail this module returns.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from include.servers.checks import ModelExpectation, key_problems
@@ -64,6 +61,7 @@ from include.servers.report import (
     StopReport,
     trusted_spec,
 )
+from include.sglang import sync as sglang
 
 if TYPE_CHECKING:
     from include.settings import RunSettings
@@ -78,21 +76,15 @@ def server_status(runners: Runners, spec: ServerSpec) -> ServerStatus:
 
 def probe_models(url: str, api_key: str | None, timeout: float = 5.0) -> ModelsProbe:
     """GET ``url``/v1/models once; a refused or timed-out connection is ``answering=False``."""
-    req = urllib.request.Request(url.rstrip("/") + "/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
+    answer = sglang.models(url, api_key, timeout)
+    if not answer.answered:
+        return ModelsProbe(False, error=str(answer.error))
+    if answer.error is not None:  # an HTTP error status (urllib's HTTPError)
+        return ModelsProbe(True, answer.status, None, answer.body[:300].decode(errors="replace"))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            status = resp.status
-    except urllib.error.HTTPError as exc:
-        return ModelsProbe(True, exc.code, None, exc.read()[:300].decode(errors="replace"))
-    except (urllib.error.URLError, OSError) as exc:
-        return ModelsProbe(False, error=str(exc))
-    try:
-        return ModelsProbe(True, status, json.loads(raw))
+        return ModelsProbe(True, answer.status, answer.json())
     except ValueError:
-        return ModelsProbe(True, status, None, f"not JSON: {raw[:200]!r}")
+        return ModelsProbe(True, answer.status, None, f"not JSON: {answer.body[:200]!r}")
 
 
 def launch_for_plan(settings: RunSettings, plan: list[dict[str, Any]], *,

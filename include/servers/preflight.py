@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 
 from include.generation.client import ChatRequest, send_chat
+from include.sglang import aio
+from include.sglang.contract import served_model, server_version
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +68,16 @@ async def _one(
 ) -> PreflightResult:
     base = url.rstrip("/")
     result = PreflightResult(url=base, ok=False)
+    answer = await aio.models(session, base, headers)
     try:
-        async with session.get(base + "/v1/models", headers=headers) as resp:
-            if resp.status == 200:
-                models = await resp.json(content_type=None)
-                data = models.get("data") or [{}]
-                match = next((m for m in data if m.get("id") == request.model), data[0])
-                result.model = match.get("id")
-                result.context_length = match.get("max_model_len")
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        if not answer.answered:
+            raise answer.error or ConnectionError(answer.failure)
+        if answer.status == 200:
+            served = served_model(answer.json(), request.model)
+            result.model, result.context_length = served.id, served.max_model_len
+    except LookupError:
+        pass  # no model listed: the chat request below says what is wrong
+    except (TimeoutError, OSError, aiohttp.ClientError, ValueError) as exc:
         result.error = f"/v1/models: {type(exc).__name__}: {exc}"
         return result
     result.version = await _version(session, base, headers)
@@ -103,15 +106,13 @@ async def _one(
 async def _version(
     session: aiohttp.ClientSession, base: str, headers: dict[str, str]
 ) -> str | None:
+    answer = await aio.server_info(session, base, headers)
+    if answer.status != 200:
+        return None  # informative only: the chat request decides
     try:
-        async with session.get(base + "/server_info", headers=headers) as resp:
-            if resp.status != 200:
-                return None
-            info = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-        return None  # informative only: the chat request below decides
-    version = info.get("version") if isinstance(info, dict) else None
-    return str(version) if version is not None else None
+        return server_version(answer.json())
+    except ValueError:
+        return None
 
 
 def token_id_problem(answer: Any) -> str:

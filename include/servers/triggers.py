@@ -25,15 +25,11 @@ import aiohttp
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from include.servers.checks import ModelExpectation, served_model_differences
-from include.servers.commands import (
-    ServerSpec,
-    apply_prefix,
-    build_log_tail_command,
-    parse_fields,
-    redact,
-)
+from include.servers.commands import ServerSpec, build_log_tail_command, parse_fields, redact
+from include.servers.hosts import run_once_on_host
 from include.servers.lifecycle import build_status_command
-from include.sglang_health import health_probe_timeout_s
+from include.sglang import aio
+from include.sglang.contract import CONNECT, bearer, health_probe_timeout_s
 
 __all__ = ["ServerHealthTrigger", "read_api_key"]
 
@@ -41,46 +37,14 @@ log = logging.getLogger(__name__)
 
 
 async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0) -> str:
-    """Run a command for ``spec`` on its host (SSH via ``SSHHookAsync``, else ``sh -c``).
+    """Run a command for ``spec`` on its host, the launcher's way, off the event loop.
 
-    Return stdout; raise RuntimeError naming the host when the command fails.
+    The same runner as the launcher (``hosts.run_once_on_host``: host key pinned, container
+    prefix applied, one wording of every failure), in a worker thread so the triggerer's
+    loop keeps serving other triggers. Return stdout; raise HostError naming the host when
+    the command fails.
     """
-    command = apply_prefix(command, spec.command_prefix)
-    if spec.ssh_conn_id is None:
-        proc = await asyncio.create_subprocess_exec(
-            "sh", "-c", command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except TimeoutError:
-            proc.kill()
-            raise RuntimeError(f"server {spec.name}: local command timed out") from None
-        status, stdout, stderr = proc.returncode, out.decode(errors="replace"), err.decode()
-    else:
-        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
-        from airflow.sdk import BaseHook
-
-        from include.servers.hosts import check_host_key_pinned, explain_ssh_error
-
-        label = f"host {spec.host} (SSH connection `{spec.ssh_conn_id}`)"
-        conn = await BaseHook.aget_connection(spec.ssh_conn_id)
-        check_host_key_pinned(spec.ssh_conn_id, await conn.aextra_dejson())
-        try:
-            hook = SSHHookAsync(ssh_conn_id=spec.ssh_conn_id)
-            status, stdout, stderr = await asyncio.wait_for(
-                hook.run_command(command, timeout=timeout), timeout + 15
-            )
-        except Exception as exc:
-            raise RuntimeError(explain_ssh_error(exc, label)) from exc
-    if status != 0:
-        raise RuntimeError(
-            f"server {spec.name}: command on {spec.host} exited with {status}: "
-            f"{(stderr or stdout).strip()[-500:]}"
-        )
-    return stdout
+    return await asyncio.to_thread(run_once_on_host, spec, command, timeout=timeout)
 
 
 async def read_api_key(sglang_conn_id: str | None) -> str | None:
@@ -214,20 +178,16 @@ class ServerHealthTrigger(BaseTrigger):
         return health_probe_timeout_s(min(10.0, self.poke_interval * 2))
 
     async def _health(self, session: aiohttp.ClientSession) -> int | None:
-        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s())
-        try:
-            async with session.get(self._spec.url + "/health", timeout=timeout) as resp:
-                self._last_health = f"HTTP {resp.status}"
-                return resp.status
-        except aiohttp.ClientConnectorError as exc:
+        answer = await aio.health(session, self._spec.url, self.health_timeout_s())
+        if answer.answered:
+            self._last_health = f"HTTP {answer.status}"
+            return answer.status
+        if answer.failure == CONNECT and answer.refused:
             # A live SGLang process keeps its port closed while it loads the model.
-            refused = isinstance(exc.os_error, ConnectionRefusedError)
-            self._last_health = ("connection refused (the port opens once the model is loaded)"
-                                 if refused else type(exc).__name__)
-            return None
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self._last_health = f"{type(exc).__name__}"
-            return None
+            self._last_health = "connection refused (the port opens once the model is loaded)"
+        else:
+            self._last_health = type(answer.error).__name__
+        return None
 
     async def api_key(self) -> str | None:
         """Return the API key, read from its connection on first use."""
@@ -238,25 +198,22 @@ class ServerHealthTrigger(BaseTrigger):
 
     async def _check_models(self, session: aiohttp.ClientSession) -> dict[str, Any]:
         key = await self.api_key()
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        answer = await aio.models(session, self._spec.url, bearer(key), timeout=30)
+        if not answer.answered:
+            return self._payload("error", f"/v1/models failed after /health 200: {answer.error!r}")
+        if answer.status == 401:
+            return self._payload(
+                "error",
+                "/v1/models answered 401 Unauthorized: the server was started with "
+                "another API key than the password of Airflow connection "
+                f"{self.sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)",
+            )
+        if answer.status != 200:
+            return self._payload("error",
+                                 f"/v1/models answered {answer.status}: {answer.text()[:300]}")
         try:
-            async with session.get(
-                self._spec.url + "/v1/models",
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=30),
-            ) as resp:
-                if resp.status == 401:
-                    return self._payload(
-                        "error",
-                        "/v1/models answered 401 Unauthorized: the server was started with "
-                        "another API key than the password of Airflow connection "
-                        f"{self.sglang_conn_id!r} (REGEN_SGLANG_CONN_ID)",
-                    )
-                if resp.status != 200:
-                    text = (await resp.text())[:300]
-                    return self._payload("error", f"/v1/models answered {resp.status}: {text}")
-                models = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            models = answer.json()
+        except ValueError as exc:
             return self._payload("error", f"/v1/models failed after /health 200: {exc!r}")
         problems = served_model_differences(models, self._expectation)
         if problems:
