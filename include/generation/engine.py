@@ -30,6 +30,8 @@ import aiohttp
 from include.generation import client as c
 from include.generation.budget import token_budget
 from include.generation.config import EngineConfig
+from include.generation.conversing import Conversations, is_conversation
+from include.generation.engine_turns import ConversationSteps
 from include.generation.journal import Journal
 from include.generation.outcome import (
     COMPLETED,
@@ -63,9 +65,11 @@ class _Item:
     attempts: int = 0
     charged: int = 0
     length_retried: bool = False
+    #: A whole conversation's current request (None: the prompt's own messages).
+    messages: list[dict[str, str]] | None = None
 
 
-class _Run:
+class _Run(ConversationSteps):
     """The state of one shard run inside its event loop."""
 
     def __init__(
@@ -93,6 +97,10 @@ class _Run:
         self.wake = asyncio.Event()
         self.started = time.monotonic()
         self.last_dispatch_s = 0.0
+        self.conv = Conversations(
+            lambda messages: self.count_tokens([list(messages)])[0], self._context_length,
+            config.max_tokens, config.context_margin, config.min_completion_tokens,
+        ) if any(is_conversation(p) for p in prompts) else None
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> ShardOutcome:
@@ -102,6 +110,12 @@ class _Run:
         log.info("%s: %d prompts, %d already finished in the journal, %d to generate (%d of "
                  "them failed retryably before and are tried again)", self.shard_id,
                  len(self.prompts), resumed, len(todo), tally.retried_failures)
+        if self.conv is not None:
+            conversations = [p for p in todo if is_conversation(p)]
+            turns = self.conv.resume(self.shard_id, conversations,
+                                     list(self.journal.load().values()))
+            log.info("%s: %d whole conversations to go on with (%d of their turns already in "
+                     "the journal)", self.shard_id, len(conversations), turns)
         if todo:
             await self._generate(todo)
         # The pool is stopped: nothing waits on the loop while the last segment goes out.
@@ -114,6 +128,7 @@ class _Run:
             servers=self._server_stats(), started_monotonic=self.started,
             last_dispatch_s=self.last_dispatch_s, requests=tally.requests,
             retries=dict(tally.retries), retried_failures=tally.retried_failures,
+            conversations=self.conv.summary() if self.conv is not None else {},
         )
 
     async def _generate(self, todo: list[dict[str, Any]]) -> None:
@@ -164,6 +179,8 @@ class _Run:
             raise GenerationError(self.fatal)
 
     def _context_length(self) -> int:
+        if getattr(self, "pool", None) is None:
+            return self.cfg.context_length
         reported = {s.url: s.context_length for s in self.pool.servers if s.context_length}
         context = self.cfg.context_length
         for url, value in reported.items():
@@ -179,10 +196,14 @@ class _Run:
             return
         chunk = [self.unplanned[i] for i in range(min(PLAN_CHUNK, len(self.unplanned)))]
         context = self._context_length()
-        counts = self.count_tokens([p["messages"] for p in chunk])
+        single = [p for p in chunk if not is_conversation(p)]
+        counts = self.count_tokens([p["messages"] for p in single])
+        for record in chunk:
+            if is_conversation(record):
+                self._plan_turn(_Item(record, 0, 0))
         for _ in chunk:  # taken off only once counted: a tokenizer error loses nothing
             self.unplanned.popleft()
-        for record, p_tokens in zip(chunk, counts, strict=True):
+        for record, p_tokens in zip(single, counts, strict=True):
             budget = token_budget(p_tokens, context, self.cfg.max_tokens,
                                   self.cfg.context_margin, self.cfg.min_completion_tokens)
             item = _Item(record, p_tokens, budget.max_tokens)
@@ -198,6 +219,11 @@ class _Run:
         while not self.fatal:
             while not self.pending and self.unplanned:
                 self._plan_more()
+            if self.conv is not None:
+                taken = self.conv.take(self.pool.servers, self.pending)
+                if taken is not None:
+                    self._start(self._session, taken[1], taken[0], self._timeout)
+                    continue
             if not self.pending:
                 return
             server = self.pool.pick()
@@ -210,6 +236,7 @@ class _Run:
         all_down_since: float | None = None
         while (
             self.pending or self.unplanned or self.in_flight or self.delayed
+            or (self.conv is not None and self.conv.waiting())
         ) and not self.fatal:
             self._fill()
             # Resting servers count as down too (a brownout), even with a trial in flight.
@@ -243,8 +270,8 @@ class _Run:
     def _start(self, session: aiohttp.ClientSession, server: ServerState, item: _Item,
                timeout: Any) -> None:
         item.attempts += 1
-        request = c.ChatRequest(item.record["id"], item.record["messages"], item.max_tokens,
-                                self.cfg.sampling, self.cfg.model)
+        request = c.ChatRequest(item.record["id"], item.messages or item.record["messages"],
+                                item.max_tokens, self.cfg.sampling, self.cfg.model)
         task = asyncio.create_task(c.send_chat(session, server.url, request, self.headers,
                                                timeout))
         seq = self.pool.dispatched(server)
@@ -268,7 +295,8 @@ class _Run:
             return
         try:
             self._handle(task.result(), server, item, seq)
-            if self.in_flight or self.pending or self.unplanned:
+            if self.in_flight or self.pending or self.unplanned or (
+                    self.conv is not None and self.conv.waiting()):
                 self._fill()
         except Exception as exc:  # a callback must never drop a prompt: stop, keep it unfinished
             if not self.fatal:
@@ -289,8 +317,12 @@ class _Run:
         decision = decide_retry(result, item.charged, item.length_retried, self.cfg,
                                 counted=counted)
         item.charged = decision.charged
-        if decision.verdict == "complete":
+        if decision.verdict == "complete" and item.messages is not None:
+            self._turn_done(item, result, server)
+        elif decision.verdict == "complete":
             self.tally.complete(item.record, result, server.url, item.max_tokens, item.attempts)
+        elif decision.verdict == "rebudget" and item.messages is not None:
+            self._rebudget_turn(item, decision.prompt_tokens)
         elif decision.verdict == "rebudget":
             self._rebudget(item, decision.prompt_tokens)
         elif decision.verdict == "fatal":
@@ -308,6 +340,8 @@ class _Run:
                      kind, server.url, result.status, item.attempts, item.charged,
                      self.cfg.max_attempts, server.state, result.error[:200])
             self._retry_later(item, decision.delay_s)
+        elif item.messages is not None:
+            self._turn_failed(item, result)
         else:
             self.tally.fail(item.record["id"], result, item.attempts)
 

@@ -70,7 +70,14 @@ def _encode(record: dict[str, Any]) -> bytes:
 
 
 def is_final(record: dict[str, Any]) -> bool:
-    """Return whether a journal record ends its prompt for good (all but retryable failures)."""
+    """Return whether a journal record ends its prompt for good (all but retryable failures).
+
+    A conversation that ended on a retryable failure after some turns is written as completed
+    (its turns are exact rows) with ``end.retryable``: final for this run only, continued at
+    its next turn by a re-run.
+    """
+    if (record.get("end") or {}).get("retryable"):
+        return False
     return record.get("status") != FAILED or record.get("reason") not in RETRYABLE
 
 

@@ -37,6 +37,8 @@ class ShardOutcome:
     retries: dict[str, int] = field(default_factory=dict)
     #: Journaled retryable failures this run tried again.
     retried_failures: int = 0
+    #: Whole conversations (``turns: all``): turns, ends, affinity moves; {} if none.
+    conversations: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         """Return the one-line result for logs."""
@@ -46,6 +48,9 @@ class ShardOutcome:
             f"({self.resumed} from the journal) in {self.elapsed_s:.1f}s, "
             f"{self.output_tokens / max(self.elapsed_s, 1e-9):.0f} output tok/s, "
             f"{self.requests} requests, {sum(self.retries.values())} retries"
+            + (f"; {self.conversations['turns']} turns of {self.conversations['conversations']}"
+               f" conversations, ends {self.conversations['ends']}, moved "
+               f"{self.conversations['moved']}" if self.conversations else "")
         )
 
 

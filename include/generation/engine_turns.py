@@ -1,0 +1,89 @@
+"""The engine's steps for whole conversations (``turns: all``); ``conversing`` decides.
+
+A mixin of ``engine._Run``: a conversation is one engine item that comes back after each
+turn with its next request (``_plan_turn``) until its chain ends (``_finish_conversation``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from include.generation import client as c
+from include.generation.budget import token_budget
+from include.generation.pool import ServerState
+
+
+class ConversationSteps:
+    """What ``engine._Run`` does with a conversation's turn (needs its ``conv``, ``cfg``,
+    ``tally``, ``journal``, ``pending`` and ``pool``)."""
+
+    conv: Any
+    cfg: Any
+    tally: Any
+    journal: Any
+    pending: Any
+
+    def _context_length(self) -> int:  # provided by the engine
+        raise NotImplementedError
+
+    def _plan_turn(self, item: Any, previous: str | None = None) -> None:
+        """Queue a conversation's next turn, or finish it (ended, or its turn cannot fit)."""
+        assert self.conv is not None
+        planned = self.conv.plan(item.record["id"])
+        if not isinstance(planned, tuple):
+            self._finish_conversation(item)
+            return
+        item.messages, item.prompt_tokens, item.max_tokens = planned
+        item.attempts = item.charged = 0
+        item.length_retried = False
+        self.conv.place(item, previous, self.pool.servers if getattr(self, "pool", None)
+                        else [], self.pending)
+
+    def _turn_done(self, item: Any, result: c.ChatResult, server: ServerState) -> None:
+        assert self.conv is not None
+        extra = {"model": result.model,
+                 "sampling": {**self.cfg.sampling, "max_tokens": item.max_tokens},
+                 "timings": {"latency_s": round(result.latency_s, 4), "attempts": item.attempts,
+                             "finished_at": round(time.time(), 3)}}
+        record = self.conv.turn_done(item.record["id"], result, server.url, extra)
+        if record:
+            self.journal.append(record)
+            self.tally.output_tokens += int(result.usage.get("completion_tokens") or 0)
+            self.tally.completed_here += 1
+        if self.conv.finished(item.record["id"]):
+            self._finish_conversation(item)
+        else:
+            self._plan_turn(item, previous=server.url)
+
+    def _turn_failed(self, item: Any, result: c.ChatResult) -> None:
+        assert self.conv is not None
+        self.conv.end(item.record["id"], "failed",
+                      f"{result.error_kind} on {result.server} (HTTP {result.status}): "
+                      f"{result.error[:300]}")
+        self._finish_conversation(item, failure=result)
+
+    def _rebudget_turn(self, item: Any, server_p: int) -> None:
+        # The server counted this turn's prompt: its count is the one to budget from.
+        budget = token_budget(server_p, self._context_length(), self.cfg.max_tokens,
+                              self.cfg.context_margin, self.cfg.min_completion_tokens)
+        if budget.skip_reason:
+            assert self.conv is not None
+            self.conv.end(item.record["id"], "context_exhausted",
+                          budget.detail + " (server's count)")
+            self._finish_conversation(item)
+            return
+        item.prompt_tokens, item.max_tokens, item.length_retried = server_p, budget.max_tokens, True
+        self.pending.appendleft(item)
+
+    def _finish_conversation(self, item: Any, failure: c.ChatResult | None = None) -> None:
+        assert self.conv is not None
+        fields: dict[str, Any] = {"model": self.cfg.model, "sampling": dict(self.cfg.sampling)}
+        if failure is not None:
+            fields.update(reason=failure.error_kind, http_status=failure.status,
+                          attempts=item.attempts)
+        record = self.conv.final_record(item.record, retryable=bool(failure and failure.retryable),
+                                        **fields)
+        self.tally.finish(record)
+        if record.get("finish_reason") == "length":
+            self.tally.truncated += 1
