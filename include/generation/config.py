@@ -37,6 +37,9 @@ class EngineConfig:
     metrics_interval_s: float = 1.0
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    #: Whole conversations: send a next turn to the server that answered the previous one
+    #: (its radix cache holds the history). Off only to measure what it is worth.
+    conversation_affinity: bool = True
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> EngineConfig:

@@ -57,6 +57,7 @@ class Conversations:
     cap: int
     margin: int
     min_completion: int
+    affinity: bool = True
     states: dict[str, chain.ChainState] = field(default_factory=dict)
     #: Per finished turn (by digest): what the journal adds to the server's result.
     extras: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -171,6 +172,9 @@ class Conversations:
     def place(self, item: Any, previous: str | None, servers: Sequence[Any],
               pending: collections.deque[Any]) -> None:
         """Queue a conversation's next turn: at its server, or anywhere (a counted move)."""
+        if not self.affinity:  # the engine's plain routing: the server with the most room
+            pending.append(item)
+            return
         choice = choose_server(previous, _views(servers), busier_by=BUSIER_BY)
         if previous is not None and not choice.moved and choice.url is not None:
             self.homes.setdefault(choice.url, collections.deque()).append(item)

@@ -100,6 +100,7 @@ class _Run(ConversationSteps):
         self.conv = Conversations(
             lambda messages: self.count_tokens([list(messages)])[0], self._context_length,
             config.max_tokens, config.context_margin, config.min_completion_tokens,
+            config.conversation_affinity,
         ) if any(is_conversation(p) for p in prompts) else None
 
     # --- the loop ------------------------------------------------------------------------
