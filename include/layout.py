@@ -27,6 +27,8 @@ SHARD_MANIFEST_SUFFIX = ".manifest.json"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 REPORT_MARKDOWN = "report.md"
+#: The dataset card's file name (Hugging Face's dataset-card convention).
+CARD_NAME = "README.md"
 
 _SHARD_PREFIX = "shard-"
 
@@ -90,6 +92,19 @@ def started_key(shard: str) -> str:
     return f"{journal_prefix(shard)}/started"
 
 
+#: The suffix of a shard's settings record beside its journal folder (``journal_settings_key``).
+JOURNAL_SETTINGS_SUFFIX = ".settings.json"
+
+
+def journal_settings_key(shard: str) -> str:
+    """Return the key of the settings record a shard's journal is written under.
+
+    Beside the journal folder (``journal/<shard>.settings.json``), not in it: one delimiter
+    listing of ``journal/`` finds every shard's record without touching a segment.
+    """
+    return f"{journal_prefix(shard)}{JOURNAL_SETTINGS_SUFFIX}"
+
+
 def compacted_keys(prefix: str) -> tuple[str, str]:
     """Return the keys of a published shard's journal as one object and of its index.
 
@@ -134,6 +149,16 @@ def report_prefix(run_id: str) -> str:
     instead of colliding with the first one's create-only files.
     """
     return f"{REPORT_PREFIX}/{run_folder(run_id)}/"
+
+
+def card_key() -> str:
+    """Return the key of the dataset card at the root of a run's outputs (``README.md``)."""
+    return CARD_NAME
+
+
+def report_card_key(run_id: str) -> str:
+    """Return the key of the dataset card kept with one Airflow run's report."""
+    return report_prefix(run_id) + CARD_NAME
 
 
 def regeneration_prefix(run_id: str) -> str:

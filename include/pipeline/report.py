@@ -23,11 +23,15 @@ from include.settings import RunSettings
 
 
 def report_run(settings: RunSettings, produced: list[str], run_id: str,
-               launch: dict[str, Any] | None = None) -> dict[str, Any]:
+               launch: dict[str, Any] | None = None, *,
+               settings_fingerprint: str | None = None) -> dict[str, Any]:
     """Write the report of a DAG run whose shard group produced ``produced``; return its summary.
 
     Shards the run's ``shard_range`` selects but did not produce are reported as reused
-    (complete from an earlier run). Never raises for a broken gate (see ``raise_for_gates``).
+    (complete from an earlier run). The report and the dataset card show
+    ``settings_fingerprint`` (of the settings that shape completions) when given, else the
+    one the shards' generated manifests agree on. Never raises for a broken gate (see
+    ``raise_for_gates``).
     """
     from include.reporting.collect import read_json
     from include.reporting.report import build_report
@@ -42,7 +46,7 @@ def report_run(settings: RunSettings, produced: list[str], run_id: str,
     reused = [s for s in selected if s not in done]
     outputs = open_run_store(settings, outputs_uri(settings, run_id))
     return build_report(settings, run_store, outputs, produced, reused, run_id=run_id,
-                        launch=launch)
+                        launch=launch, settings_fingerprint=settings_fingerprint)
 
 
 def dataset_asset(settings: Any) -> Any:

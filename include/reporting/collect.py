@@ -35,6 +35,8 @@ class Completion:
     finished_at: float
     latency_s: float
     attempts: int
+    #: SGLang's version as the record says its server reported it ("" when it does not).
+    server_version: str = ""
 
 
 @dataclass
@@ -59,19 +61,30 @@ def read_json(store: Store, key: str) -> dict[str, Any] | None:
     return json.loads(store.read(key))
 
 
+def _usage(rec: dict[str, Any]) -> dict[str, int]:
+    """Return a record's usage; a whole conversation's is the sum of its turns' usage."""
+    if rec.get("usage") or not rec.get("turn_results"):
+        return rec.get("usage") or {}
+    turns = [t.get("usage") or {} for t in rec["turn_results"]]
+    return {k: sum(int(u.get(k) or 0) for u in turns)
+            for k in ("prompt_tokens", "completion_tokens")}
+
+
 def _completion(rec: dict[str, Any]) -> Completion:
-    usage = rec.get("usage") or {}
+    usage = _usage(rec)
     timings = rec.get("timings") or {}
+    last_turn = (rec.get("turn_results") or [{}])[-1]
     return Completion(
         source=rec.get("source") or source_of(rec["id"]),
         finish_reason=str(rec.get("finish_reason")),
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
-        server=str(rec.get("server") or ""),
+        server=str(rec.get("server") or last_turn.get("server") or ""),
         model=str(rec.get("model") or ""),
         finished_at=float(timings.get("finished_at") or 0.0),
         latency_s=float(timings.get("latency_s") or 0.0),
         attempts=int(timings.get("attempts") or 1),
+        server_version=str(rec.get("server_version") or ""),
     )
 
 

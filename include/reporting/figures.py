@@ -12,6 +12,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from include.conversations.chain import END_REASONS
+from include.quality import QUALITY_FILTERS
 from include.reporting.collect import ShardFacts, source_of
 
 
@@ -67,7 +69,15 @@ def generation_figures(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict[s
     return {"per_shard": per_shard, "totals": totals}, per_source
 
 
+def checked_records(manifest: dict[str, Any]) -> int:
+    """Return how many completions a tokenized shard checked: a whole conversation's
+    turns are checked (and quarantined) one by one, so each counts, not the conversation."""
+    conv = manifest.get("conversations") or {}
+    return manifest["counts"]["input"] - conv.get("conversations", 0) + conv.get("turns", 0)
+
+
 def tokenization_figures(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return (per-shard + totals from tokenized manifests, per-source from their lists)."""
     per_shard: dict[str, dict[str, Any]] = {}
     quarantined: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
@@ -78,8 +88,9 @@ def tokenization_figures(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict
             continue
         c = m["counts"]
         per_shard[s.shard_id] = {
-            "input": c["input"], "written": c["written"],
+            "input": c["input"], "checked": checked_records(m), "written": c["written"],
             "quarantined": sum(c["quarantined"].values()),
+            "filtered": sum(c["quarantined"].get(r, 0) for r in QUALITY_FILTERS),
             "dropped": sum(c["dropped"].values()),
             "truncated_to_max_length": c.get("truncated_to_max_length", 0),
             "tokens": m["tokens"]["total"], "loss_tokens": m["tokens"]["loss"],
@@ -87,8 +98,8 @@ def tokenization_figures(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict
         quarantined += m["quarantined"]
         dropped += m["dropped"]
         written.update(src for src, _ in s.tokenized_lengths)
-    keys = ("input", "written", "quarantined", "dropped", "truncated_to_max_length", "tokens",
-            "loss_tokens")
+    keys = ("input", "checked", "written", "quarantined", "filtered", "dropped",
+            "truncated_to_max_length", "tokens", "loss_tokens")
     totals = {k: sum(v[k] for v in per_shard.values()) for k in keys}
     by_reason: dict[str, Counter[str]] = {"quarantined": Counter(), "dropped": Counter()}
     for shard in (s.tokenized for s in shards if s.tokenized):
@@ -96,14 +107,63 @@ def tokenization_figures(shards: list[ShardFacts]) -> tuple[dict[str, Any], dict
             by_reason[kind].update({r: n for r, n in shard["counts"][kind].items() if n})
     totals["quarantined_by_reason"] = dict(sorted(by_reason["quarantined"].items()))
     totals["dropped_by_reason"] = dict(sorted(by_reason["dropped"].items()))
+    totals["filtered_by_reason"] = {r: by_reason["quarantined"].get(r, 0)
+                                    for r in QUALITY_FILTERS}
     q_by, d_by = reason_counts(quarantined), reason_counts(dropped)
     per_source = {
         src: {"written": written[src],
               "quarantined_by_reason": q_by.get(src, {}),
+              "filtered_by_reason": {r: n for r, n in q_by.get(src, {}).items()
+                                     if r in QUALITY_FILTERS},
               "dropped_by_reason": d_by.get(src, {})}
         for src in sorted(set(written) | set(q_by) | set(d_by))
     }
     return {"per_shard": per_shard, "totals": totals}, per_source
+
+
+def quality_filter_figures(shards: list[ShardFacts], tokenization: dict[str, Any],
+                           per_source: dict[str, Any]) -> dict[str, Any]:
+    """Return the output quality filters' counts: per filter (and whether it ran), per source.
+
+    A filter is ``off`` when a tokenized shard's settings list it in ``quality_filters_off``.
+    """
+    off = sorted({name for s in shards if s.tokenized
+                  for name in (s.tokenized.get("settings") or {}).get("quality_filters_off")
+                  or ()})
+    totals = tokenization["totals"]
+    return {
+        "filters": {r: {"quarantined": totals["filtered_by_reason"][r], "off": r in off}
+                    for r in QUALITY_FILTERS},
+        "filtered": totals["filtered"], "checked": totals["checked"], "off": off,
+        "per_source": {src: v["filtered_by_reason"] for src, v in per_source.items()
+                       if v["filtered_by_reason"]},
+    }
+
+
+def conversation_figures(shards: list[ShardFacts]) -> dict[str, Any] | None:
+    """Return the whole conversations' counts summed over the tokenized manifests (None when
+    no shard had any): conversations, turns, whole and per-turn rows, why conversations were
+    kept apart, why they ended, one example of a prefix-stability difference."""
+    found = [s.tokenized["conversations"] for s in shards
+             if s.tokenized and s.tokenized.get("conversations")]
+    if not found:
+        return None
+    kept_apart: Counter[str] = Counter()
+    ends: Counter[str] = Counter()
+    for c in found:
+        kept_apart.update(c.get("kept_apart") or {})
+        ends.update(c.get("ends") or {})
+    # Every known end reason shown, 0 included: "none failed" is worth reading.
+    end_counts = {r: ends.get(r, 0) for r in END_REASONS}
+    end_counts.update({r: n for r, n in sorted(ends.items()) if r not in end_counts})
+    return {
+        **{k: sum(int(c.get(k) or 0) for c in found)
+           for k in ("conversations", "turns", "whole_rows", "turn_rows")},
+        "kept_apart": dict(sorted(kept_apart.items())),
+        "ends": end_counts,
+        "example_difference": next((c["example_difference"] for c in found
+                                    if c.get("example_difference")), ""),
+    }
 
 
 def ejections(generate_results: list[dict[str, Any]] | None) -> dict[str, int] | None:

@@ -20,13 +20,16 @@ class QualityGates:
     """The thresholds of one run (defaults match the proposed settings of the same names).
 
     Rates are fractions in [0, 1]: truncated / completed, failed / sent (completed + failed;
-    skipped prompts are never sent), quarantined / tokenizer input records.
+    skipped prompts are never sent), quarantined by a check / completions checked, and
+    quarantined by an output quality filter / completions checked (a whole conversation's
+    turns are checked one by one, so each counts).
     """
 
     max_truncation_rate: float = 0.2
     max_failure_rate: float = 0.01
     min_completions_per_source: int = 0
     max_quarantine_rate: float = 0.01
+    max_filtered_rate: float = 0.05
 
     @classmethod
     def from_settings(cls, settings: Any) -> QualityGates:
@@ -49,6 +52,9 @@ class GateResult:
     numerator: int | None
     denominator: int | None
     contributors: list[dict[str, Any]] = field(default_factory=list)
+    #: Said after the figures (e.g. counts by filter); ``hint`` only when the gate failed.
+    detail: str = ""
+    hint: str = ""
 
     @property
     def message(self) -> str:
@@ -64,7 +70,10 @@ class GateResult:
             rule = (f"at least {_fmt(self.threshold)} required" if self.threshold
                     else "no minimum set")
             where = f"; short: {where}" if where else ""
-        return f"{state} {self.name}: measured {_fmt(self.measured)}{ratio}, {rule}{where}"
+        detail = f"; {self.detail}" if self.detail else ""
+        hint = f". {self.hint}" if self.hint and not self.passed else ""
+        return (f"{state} {self.name}: measured {_fmt(self.measured)}{ratio}, {rule}{detail}"
+                f"{where}{hint}")
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data including the message."""
@@ -88,12 +97,15 @@ def evaluate_gates(
     gates: QualityGates,
     per_shard: dict[str, dict[str, int]],
     completed_per_source: dict[str, int],
+    filtered_by_reason: dict[str, int] | None = None,
 ) -> list[GateResult]:
     """Return one result per gate from per-shard counts and completions per source.
 
-    ``per_shard[shard]`` needs ``completed``, ``truncated``, ``failed``, ``quarantined`` and
-    ``tokenizer_input``; ``completed_per_source`` every source expected to have completions
-    (a source with no completion at all must be present with 0).
+    ``per_shard[shard]`` needs ``completed``, ``truncated``, ``failed``, ``quarantined`` (by
+    the tokenization checks), ``filtered`` (by the output quality filters) and ``checked``
+    (completions the tokenization stage looked at); ``completed_per_source`` every source
+    expected to have completions (a source with no completion at all must be present with
+    0); ``filtered_by_reason`` the filtered completions per filter, named in the message.
     """
     def total(key: str) -> int:
         return sum(s.get(key, 0) for s in per_shard.values())
@@ -102,7 +114,7 @@ def evaluate_gates(
         return {sid: s.get(key, 0) for sid, s in per_shard.items()}
 
     completed, truncated, failed = total("completed"), total("truncated"), total("failed")
-    quarantined, tok_input = total("quarantined"), total("tokenizer_input")
+    quarantined, checked, filtered = total("quarantined"), total("checked"), total("filtered")
     results = []
     rate = _rate(truncated, completed)
     results.append(GateResult("max_truncation_rate", gates.max_truncation_rate, rate,
@@ -121,11 +133,30 @@ def evaluate_gates(
     results.append(GateResult("min_completions_per_source", gates.min_completions_per_source,
                               fewest, not short, None, None,
                               [{"name": k, "count": v} for k, v in shortest]))
-    rate = _rate(quarantined, tok_input)
+    rate = _rate(quarantined, checked)
     results.append(GateResult("max_quarantine_rate", gates.max_quarantine_rate, rate,
-                              rate <= gates.max_quarantine_rate, quarantined, tok_input,
+                              rate <= gates.max_quarantine_rate, quarantined, checked,
                               _top(by_shard("quarantined"))))
+    results.append(filtered_gate(gates.max_filtered_rate, filtered, checked,
+                                 by_shard("filtered"), filtered_by_reason or {}))
     return results
+
+
+def filtered_gate(threshold: float, filtered: int, checked: int, per_shard: dict[str, int],
+                  by_filter: dict[str, int]) -> GateResult:
+    """Return the ``max_filtered_rate`` gate: completions the output quality filters kept out.
+
+    Apart from ``max_quarantine_rate``: a target that loops in a few completions is a fact
+    about the model, not a pipeline bug, and gets its own, looser threshold.
+    """
+    rate = _rate(filtered, checked)
+    counts = ", ".join(f"{k} {v}" for k, v in by_filter.items() if v)
+    worst = max(by_filter, key=lambda k: by_filter[k], default="") if counts else ""
+    hint = ("To train without a filter, turn it off with quality_filters_off: "
+            f"[{worst or '<filter>'}]; to accept more, raise max_filtered_rate")
+    return GateResult("max_filtered_rate", threshold, rate, rate <= threshold, filtered,
+                      checked, _top(per_shard),
+                      detail=f"by filter: {counts}" if counts else "", hint=hint)
 
 
 def raise_for_gates(report: dict[str, Any]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from include.reporting.throughput import describe_server_time
+
 Block = tuple[str, Any]
 
 
@@ -60,8 +62,12 @@ def blocks(report: dict[str, Any]) -> list[Block]:
                      f"{gt['sent']:,} sent, {gt['completed']:,} completed, {gt['truncated']:,} "
                      f"truncated, {gt['skipped']:,} skipped, {gt['failed']:,} failed; "
                      f"{tt['written']:,} tokenized samples, {tt['quarantined']:,} quarantined "
-                     f"({_reasons(tt['quarantined_by_reason'])}), {tt['dropped']:,} dropped "
+                     f"({_reasons(tt['quarantined_by_reason'])}; {tt['filtered']:,} of them by "
+                     f"the output quality filters), {tt['dropped']:,} dropped "
                      f"({_reasons(tt['dropped_by_reason'])})."))
+    out += quality_filter_blocks(report["quality_filters"])
+    if report.get("conversations"):
+        out += conversation_blocks(report["conversations"])
     tp = report["throughput"]
     tok = report["tokens"]
     out += [
@@ -73,6 +79,8 @@ def blocks(report: dict[str, Any]) -> list[Block]:
               f"{tp['output_tokens_per_s']:,.1f} tok/s. Retries: "
               f"{tp['retries']['extra_attempts']} extra attempts on "
               f"{tp['retries']['prompts_retried']} prompts."),
+        # The plot's legend gives the same shares (server_time_shares): one basis for both.
+        ("p", describe_server_time(tp)),
         ("img", "throughput.png"),
     ]
     ej = report["servers"]["ejections"]
@@ -85,9 +93,9 @@ def blocks(report: dict[str, Any]) -> list[Block]:
     dr = tp["drains"]
     if dr.get("per_shard"):
         out.append(("p", f"Drains: the run's last request started {dr['run_drain_s']:.1f} s "
-                         f"before the end; servers sat idle {dr['idle_server_seconds']:.1f} "
-                         f"server-seconds waiting for it ({dr['idle_fraction']:.1%} of server "
-                         "time). Per shard (last start to last finish): "
+                         f"before the end; servers waited {dr['idle_server_seconds']:.1f} "
+                         "server-seconds for it (part of the idle time above). Per shard "
+                         "(last start to last finish): "
                          + ", ".join(f"{k} {v['drain_s']:.1f}s"
                                      for k, v in dr["per_shard"].items()) + "."))
     out += [("h2", "Lengths per source (tokens)")]
@@ -112,6 +120,40 @@ def blocks(report: dict[str, Any]) -> list[Block]:
     out.append(("p", "Each figure's single source of truth is listed in report.json under "
                      "`sources_of_truth`."))
     return [b for b in out if b[0] != "img" or b[1] in report.get("plots", [])]
+
+
+def quality_filter_blocks(qf: dict[str, Any]) -> list[Block]:
+    """Return the output quality filters' section: counts per filter and per source."""
+    sources = sorted(qf["per_source"])
+    off = ", ".join(qf["off"]) or "none"
+    rows = [[name, "off" if f["off"] else "on", _fmt(f["quarantined"])]
+            + [_fmt(qf["per_source"][src].get(name, 0)) for src in sources]
+            for name, f in qf["filters"].items()]
+    return [
+        ("h2", "Output quality filters"),
+        ("p", f"{qf['filtered']:,} of {qf['checked']:,} completions checked were quarantined "
+              "by the output quality filters (gate `max_filtered_rate`; the other quarantines "
+              f"count against `max_quarantine_rate`). Filters off (`quality_filters_off`): "
+              f"{off}."),
+        ("table", (["filter", "ran", "quarantined", *sources], rows)),
+    ]
+
+
+def conversation_blocks(conv: dict[str, Any]) -> list[Block]:
+    """Return the whole conversations' section (``turns: all``)."""
+    rows = conv["whole_rows"] + conv["turn_rows"]
+    return [
+        ("h2", "Whole conversations"),
+        ("p", f"{conv['conversations']:,} conversations, {conv['turns']:,} target turns; "
+              f"{rows:,} rows from them: {conv['whole_rows']:,} whole-conversation rows (one "
+              "sequence, prefix-stable token by token) and "
+              f"{conv['turn_rows']:,} per-turn rows. Kept apart (per-turn rows), by reason: "
+              f"{_reasons(conv['kept_apart'])}."),
+        ("table", (["conversations ended by", "count"],
+                   [[r, _fmt(n)] for r, n in conv["ends"].items()])),
+        ("p", "Example difference (why a conversation was not prefix-stable): "
+              + (f"`{conv['example_difference']}`" if conv["example_difference"] else "none.")),
+    ]
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -6,7 +6,9 @@ last) and returns a summary for XCom and logs. Every figure has one source of tr
 ``report.json`` under ``sources_of_truth``; where two files hold related figures (per-source
 counts from journals, totals from manifests) the report checks that they agree under
 ``consistency`` instead of showing both. The counts are computed in ``figures.py``, the timings
-in ``throughput.py``; this module assembles, writes and summarises the report.
+in ``throughput.py``; this module assembles, writes and summarises the report, and writes the
+dataset card (``card.py``) beside it and, for the run that publishes the dataset, at the root
+of the outputs.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from include.layout import (
     REPORT_HTML,
     REPORT_JSON,
     REPORT_MARKDOWN,
+    card_key,
+    report_card_key,
     report_prefix,
 )
+from include.reporting.card import render_card
 from include.reporting.collect import (
     Completion,
     ShardFacts,
@@ -31,13 +36,15 @@ from include.reporting.collect import (
 )
 from include.reporting.figures import (
     consistency,
+    conversation_figures,
     ejections,
     generation_figures,
+    quality_filter_figures,
     tokenization_figures,
 )
 from include.reporting.gates import GateResult, QualityGates, evaluate_gates
 from include.reporting.throughput import throughput
-from include.storage import Store
+from include.storage import ObjectExistsError, Store
 from include.tokenization.stage import length_stats
 
 log = logging.getLogger(__name__)
@@ -53,11 +60,18 @@ SOURCES_OF_TRUTH: dict[str, str] = {
     "funnel.generation.<source>.completed/truncated, tokens.prompt/completion, lengths": (
         "journal/<shard>/part-*.jsonl: final completed record per id (source, finish_reason, "
         "usage)"),
+    "throughput.server_time": (
+        "journal/<shard>/part-*.jsonl of the shards this run produced: each request's span "
+        "(finished_at - latency_s to finished_at) per server; each shard's generating window "
+        "from its first request's start to its last request's finish"),
     "throughput, drains, retries": (
         "journal/<shard>/part-*.jsonl of the shards this run produced: timings.finished_at, "
         "timings.latency_s (start = finished_at - latency_s), timings.attempts, server, usage; "
         "failed records: attempts"),
     "servers.models": "journal completed records: model (what the servers answered with)",
+    "servers.versions": (
+        "journal completed records: server, model, server_version (as the record says the "
+        "server reported it; empty when it does not)"),
     "servers.context_length": (
         "launch_servers report: expected.context_length (checked on every server by "
         "wait_for_server); settings.context_length when no launch report is given"),
@@ -67,6 +81,13 @@ SOURCES_OF_TRUTH: dict[str, str] = {
         "tokenized/<shard>.manifest.json: counts, tokens"),
     "funnel.tokenization.<source>.quarantined/dropped": (
         "tokenized/<shard>.manifest.json: quarantined/dropped lists (source = id prefix)"),
+    "quality_filters": (
+        "tokenized/<shard>.manifest.json: counts.quarantined of the output quality filters' "
+        "reasons, quarantined list (source = id prefix), settings.quality_filters_off"),
+    "conversations": "tokenized/<shard>.manifest.json: conversations (summed over shards)",
+    "settings_fingerprint": (
+        "given by the report task, else the value every generated/<shard>.manifest.json "
+        "agrees on (generation.settings_fingerprint)"),
     "funnel.tokenization.<source>.written, tokenized_lengths": (
         "tokenized/<shard>.parquet: source and length columns"),
     "shards": "the DAG's plan: shards produced by this run and shards reused as complete",
@@ -89,6 +110,7 @@ def compute_report(
     gates: QualityGates,
     launch: dict[str, Any] | None = None,
     generate_results: list[dict[str, Any]] | None = None,
+    settings_fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """Return the report data of collected shard facts (no I/O; see ``build_report``)."""
     generation, gen_src = generation_figures(shards)
@@ -119,13 +141,15 @@ def compute_report(
     expected_sources = [n for n, s in prompts_manifest["sources"].items() if s["kept"]]
     completed_per_source = {src: gen_src.get(src, {}).get("completed", 0)
                             for src in expected_sources}
-    gate_input = {
-        sid: {**generation["per_shard"].get(sid, {}),
-              "quarantined": tokenization["per_shard"].get(sid, {}).get("quarantined", 0),
-              "tokenizer_input": tokenization["per_shard"].get(sid, {}).get("input", 0)}
-        for sid in (s.shard_id for s in shards)
-    }
-    results = evaluate_gates(gates, gate_input, completed_per_source)
+    gate_input = {}
+    for sid in (s.shard_id for s in shards):
+        tok = tokenization["per_shard"].get(sid, {})
+        # The quality filters' quarantines have their own gate: the rest are pipeline bugs.
+        gate_input[sid] = {**generation["per_shard"].get(sid, {}),
+                           "quarantined": tok.get("quarantined", 0) - tok.get("filtered", 0),
+                           "filtered": tok.get("filtered", 0), "checked": tok.get("checked", 0)}
+    results = evaluate_gates(gates, gate_input, completed_per_source,
+                             tokenization["totals"]["filtered_by_reason"])
     results.append(GateResult("all_shards_complete", 0, len(missing), not missing,
                               None, None, [{"name": m, "count": 1} for m in missing[:5]]))
     report: dict[str, Any] = {
@@ -149,22 +173,80 @@ def compute_report(
                    "generation": gen_src, "tokenization": tok_src},
         "generation": generation,
         "tokenization": tokenization,
+        "quality_filters": quality_filter_figures(shards, tokenization, tok_src),
+        "conversations": conversation_figures(shards),
         "tokens": {"per_source": tokens_src,
                    "prompt_tokens": sum(c.prompt_tokens for c in comps),
                    "completion_tokens": sum(c.completion_tokens for c in comps)},
         "throughput": throughput(produced),
         "servers": {
             "models": sorted({c.model for c in comps if c.model}),
+            "versions": server_versions(comps),
             "context_length": context_length or settings.context_length,
             "context_length_from": "launch_servers" if context_length else "settings",
             "ejections": ejections(generate_results),
         },
         "lengths": lengths,
         "tokenized_lengths": {src: _stats(v) for src, v in sorted(tok_lengths.items())},
+        "settings_fingerprint": settings_fingerprint or agreed_fingerprint(shards),
         "sources_of_truth": SOURCES_OF_TRUTH,
     }
     report["consistency"] = consistency(report, shards)
     return report
+
+
+def server_versions(comps: list[Completion]) -> list[dict[str, Any]]:
+    """Return each server that answered, with the model and SGLang version(s) it recorded.
+
+    The dataset card's server table; ``weight_version`` is not in a journal record yet.
+    """
+    seen: dict[str, tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
+    for c in comps:
+        models, versions = seen[c.server]
+        models.add(c.model)
+        versions.add(c.server_version)
+    return [{"url": url, "model": ", ".join(sorted(m - {""})) or None,
+             "version": ", ".join(sorted(v - {""})) or None, "weight_version": None}
+            for url, (m, v) in sorted(seen.items()) if url]
+
+
+def agreed_fingerprint(shards: list[ShardFacts]) -> str | None:
+    """Return the settings fingerprint every shard's generated manifest records, else None
+    (a shard without one, or shards generated under different settings)."""
+    found = {((s.generated or {}).get("generation") or {}).get("settings_fingerprint")
+             for s in shards}
+    return found.pop() if len(found) == 1 else None
+
+
+def dataset_complete(manifest: dict[str, Any], shards: list[ShardFacts]) -> bool:
+    """Return whether the report covers every non-empty shard of the run, all with outputs."""
+    covered = {s.shard_id for s in shards if s.generated and s.tokenized}
+    return all(s["shard_id"] in covered for s in manifest["shards"] if s["count"])
+
+
+def write_cards(outputs_store: Store, report: dict[str, Any], manifest: dict[str, Any],
+                settings: Any, *, publish: bool) -> dict[str, Any]:
+    """Write the dataset card into the report folder and, if ``publish``, at the outputs' root.
+
+    The root card is create-only and stays: it is written by the first run that publishes
+    the whole dataset (gates passed, every shard covered); a later run (a backfill that
+    reuses every shard, a re-run) keeps it and says so, while its own card stays in its
+    report folder. Rewriting identical bytes (a retried task) counts as written.
+    """
+    data = render_card(report, manifest, settings.to_dict(),
+                       servers=report["servers"]["versions"] or None,
+                       settings_fingerprint=report.get("settings_fingerprint")).encode()
+    run_id = report["run"]["airflow_run_id"]
+    outputs_store.write_new(report_card_key(run_id), data)
+    root = "not written: the run did not publish the whole dataset (gates or shards missing)"
+    if publish:
+        try:
+            outputs_store.write_new(card_key(), data)
+            root = "written by this run"
+        except ObjectExistsError:
+            root = "kept: an earlier run's card is at the root (this run's is in its report)"
+    return {"report_uri": outputs_store.uri(report_card_key(run_id)),
+            "root_uri": outputs_store.uri(card_key()), "root": root}
 
 
 def build_report(
@@ -179,16 +261,19 @@ def build_report(
     launch: dict[str, Any] | None = None,
     generate_results: list[dict[str, Any]] | None = None,
     plots: bool = True,
+    settings_fingerprint: str | None = None,
 ) -> dict[str, Any]:
     """Write the run's report under ``report/<run id>/`` in ``outputs_store``; return a summary.
 
     ``shard_ids`` are the shards this run produced, ``reused_shards`` those it found complete
     (a shard-range backfill); both are read from ``outputs_store``, the prompt manifest from
     ``run_store``. ``launch`` is the launch_servers XCom; ``generate_results`` (for
-    ejections) defaults to the ``generation`` entry of each shard's generated manifest.
-    Never raises for broken gates: the summary says ``passed`` and ``raise_for_gates`` fails
-    the task. Files are written create-only, ``report.json`` last, and are byte-identical
-    when rebuilt from the same inputs, so a retried report task succeeds.
+    ejections) defaults to the ``generation`` entry of each shard's generated manifest;
+    ``settings_fingerprint`` (of the settings that shape completions) goes into the report
+    and the dataset card (see ``write_cards``). Never raises for broken gates: the summary
+    says ``passed`` and ``raise_for_gates`` fails the task. Files are written create-only,
+    ``report.json`` last, and are byte-identical when rebuilt from the same inputs, so a
+    retried report task succeeds.
     """
     gates = gates or QualityGates.from_settings(settings)
     manifest = read_json(run_store, MANIFEST_KEY)
@@ -204,7 +289,8 @@ def build_report(
         generate_results = [s.generated["generation"] for s in shards
                             if s.generated and s.generated.get("generation")] or None
     report = compute_report(settings, manifest, shards, run_id=run_id, outputs_uri=outputs_uri,
-                            gates=gates, launch=launch, generate_results=generate_results)
+                            gates=gates, launch=launch, generate_results=generate_results,
+                            settings_fingerprint=settings_fingerprint)
     prefix = report_prefix(run_id)
     report["report_uri"] = outputs_store.uri(prefix + REPORT_HTML)
     files: dict[str, bytes] = {}
@@ -220,6 +306,9 @@ def build_report(
     files[prefix + REPORT_HTML] = render_html(report).encode()
     for key, data in files.items():
         outputs_store.write_new(key, data)
+    report["dataset_card"] = write_cards(
+        outputs_store, report, manifest, settings,
+        publish=report["passed"] and dataset_complete(manifest, shards))
     data = (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
     outputs_store.write_new(prefix + REPORT_JSON, data)
     summary = summarize(report)
@@ -254,8 +343,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "shards_reused": len(report["shards"]["reused"]),
         "generation": {k: gen[k] for k in ("prompts", "completed", "skipped", "failed",
                                            "truncated")},
-        "tokenized": {k: tok[k] for k in ("written", "quarantined", "dropped", "tokens",
-                                          "loss_tokens")},
+        "tokenized": {k: tok[k] for k in ("written", "quarantined", "filtered", "dropped",
+                                          "tokens", "loss_tokens")},
+        "dataset_card": report.get("dataset_card"),
         "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
         "consistency_ok": all(c["ok"] for c in report["consistency"]),
     }
@@ -271,7 +361,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{g['skipped']} skipped, {g['failed']} failed of {g['prompts']} prompts; "
         f"{summary['output_tokens_per_s']:.0f} output tok/s",
         f"  tokenized: {t['written']} samples, {t['tokens']} tokens ({t['loss_tokens']} in the "
-        f"loss), {t['quarantined']} quarantined, {t['dropped']} dropped",
+        f"loss), {t['quarantined']} quarantined ({t['filtered']} by the quality filters), "
+        f"{t['dropped']} dropped",
         *("  " + gate["message"] for gate in summary["gates"]),
         f"  report: {summary['report_uri']}",
     ]

@@ -209,7 +209,14 @@ class RunSettings(BaseModel):
     max_quarantine_rate: float = _s(
         "Quality gates", "Max quarantine rate",
         "Fail the run when more than this share of completions were quarantined by the "
-        "tokenization checks or the output quality filters.", 0.01, ge=0.0, le=1.0)
+        "tokenization checks (a pipeline bug: server ids, decode or template mismatches); "
+        "the output quality filters have max_filtered_rate.", 0.01, ge=0.0, le=1.0)
+    max_filtered_rate: float = _s(
+        "Quality gates", "Max filtered rate",
+        "Fail the run when more than this share of completions were quarantined by the "
+        "output quality filters (the target's own failures: loops, empty answers, broken "
+        "tool-call JSON, near duplicates); turn a filter off with quality_filters_off.",
+        0.05, ge=0.0, le=1.0)
 
     _deployment: Any = PrivateAttr(None)
 
@@ -349,5 +356,26 @@ PREPARATION_SETTINGS = (
     "min_prompt_length",
     "max_prompt_length",
     "tokenizer_path",
+    "turns",
+)
+
+#: Settings that shape a shard's completions: what each request asks the servers (model,
+#: sampling, each request's max_tokens, the turns answered). A shard's journal records their
+#: fingerprint (``include.settings.checks``), and a resume under other values is refused.
+#: Not here: concurrency, timeouts, tokenization and quality gates (they change how fast or
+#: what is kept, not what the target samples). A setting added later goes here, with its
+#: neutral value in ``NEUTRAL_VALUES`` so earlier journals still match: e.g. sampling_variants.
+COMPLETION_SETTINGS = (
+    "model_path",
+    "served_model_name",
+    "reasoning_parser",  # where the server splits reasoning_content off the text recorded
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "enable_thinking",
+    "context_length",
+    "context_margin",
+    "min_completion_tokens",
     "turns",
 )

@@ -139,3 +139,19 @@ def test_truncation_gate_fails_the_real_run_just_over_and_passes_at_it(run) -> N
     assert worst in str(err.value) and f"{measured:.4g}" in str(err.value)
     assert json.loads(store.read(report_prefix("over") + "report.json"))["passed"] is False
     assert store.exists("tokenized/" + ids[0] + ".parquet")  # outputs stay
+
+
+def test_the_dataset_card_counts_the_tokenized_rows(run) -> None:
+    import yaml
+
+    from include.layout import card_key, report_card_key
+
+    _, store, ids, summary, _ = run
+    card = store.read(report_card_key("manual__1")).decode()
+    header = yaml.safe_load(card.split("---\n", 2)[1])
+    rows = sum(json.loads(store.read(f"tokenized/{s}.manifest.json"))["counts"]["written"]
+               for s in ids)
+    assert rows and header["dataset_info"]["splits"] == [{"name": "train",
+                                                          "num_examples": rows}]
+    # The loose gates pass and the run covers every shard: it publishes the root card.
+    assert summary["passed"] and store.read(card_key()).decode() == card

@@ -32,7 +32,12 @@ class ShardSpec:
     sources: tuple[str, ...] = ("alpha", "beta")
     retried: int = 0
     journal_only: bool = False  # a shard still generating: journal, no manifests
+    #: Fields added to every completed journal record (e.g. ``server_version``).
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The reasons of the first quarantined records, in order (the rest: decode_mismatch).
+    quarantine_reasons: tuple[str, ...] = ()
+    #: The tokenized manifest's ``conversations`` section (``Conversations.manifest()``).
+    conversations: dict[str, Any] = field(default_factory=dict)
 
 
 def write_prompts_manifest(store: Store, shards: dict[str, ShardSpec]) -> dict[str, Any]:
@@ -72,6 +77,7 @@ def write_shard(store: Store, sid: str, spec: ShardSpec, t0: float = T0) -> None
                 "model": "m", "server": f"http://s{i % 2}:1",
                 "timings": {"latency_s": 2.0, "attempts": 2 if i < spec.retried else 1,
                             "finished_at": t0 + 1 + i},
+                **spec.extra,
             }
         elif i < spec.completed + spec.skipped:
             records[pid] = {"id": pid, "status": "skipped", "reason": "prompt_too_long",
@@ -87,12 +93,13 @@ def write_shard(store: Store, sid: str, spec: ShardSpec, t0: float = T0) -> None
         return
     data, manifest = build_shard_output(sid, prompts, records)
     publish_generated_shard(store, shard_index(sid), data, manifest)
-    result = TokenizeResult(input_records=spec.completed)
+    result = TokenizeResult(input_records=spec.completed, conversations=spec.conversations)
     completed = [r for r in records.values() if r["status"] == "completed"]
     for j, rec in enumerate(completed):
         if j < spec.quarantined:
-            result.quarantined.append({"id": rec["id"], "reason": "decode_mismatch",
-                                       "detail": ""})
+            reason = (spec.quarantine_reasons[j] if j < len(spec.quarantine_reasons)
+                      else "decode_mismatch")
+            result.quarantined.append({"id": rec["id"], "reason": reason, "detail": ""})
         else:
             length = 110 + j
             result.samples.append(Sample(rec["id"], rec["source"], rec["finish_reason"],

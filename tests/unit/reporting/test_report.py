@@ -97,7 +97,7 @@ def test_files_are_create_only_and_a_retry_rewrites_identical_bytes(store, setti
     files = {k: store.read(k) for k in store.list(prefix)}
     assert {k[len(prefix):] for k in files} == {
         "report.json", "report.md", "report.html", "throughput.png", "prompt_tokens.png",
-        "completion_tokens.png", "tokenized_length.png"}
+        "completion_tokens.png", "tokenized_length.png", "README.md"}
     assert files[prefix + "throughput.png"].startswith(b"\x89PNG")
     _report(store, settings, plots=True)  # a retried task: same inputs, same bytes
     assert {k: store.read(k) for k in store.list(prefix)} == files
@@ -136,7 +136,10 @@ def test_throughput_drains_and_servers(store, settings) -> None:
     assert tp["per_server"]["http://s0:1"]["idle_tail_s"] == pytest.approx(1.0)
     assert tp["drains"]["run_drain_s"] == pytest.approx(2.0)
     assert r["servers"] == {"models": ["m"], "context_length": settings.context_length,
-                            "context_length_from": "settings", "ejections": None}
+                            "context_length_from": "settings", "ejections": None,
+                            "versions": [{"url": f"http://s{i}:1", "model": "m",
+                                          "version": None, "weight_version": None}
+                                         for i in (0, 1)]}
     assert tp["no_request_in_flight"] == []  # requests overlap end to end
 
 
