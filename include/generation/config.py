@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -40,6 +40,9 @@ class EngineConfig:
     #: Whole conversations: send a next turn to the server that answered the previous one
     #: (its radix cache holds the history). Off only to measure what it is worth.
     conversation_affinity: bool = True
+    #: Mixed sampling (setting ``sampling_variants``, ``variants.py``) and the seed drawing it.
+    sampling_variants: dict[str, list[Any]] = field(default_factory=dict)
+    seed: int = 0
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> EngineConfig:
@@ -69,6 +72,8 @@ class EngineConfig:
             progress_interval_s=settings.progress_interval_s,
             api_key=settings.api_key,
             sglang_conn_id=settings.deployment.sglang_conn_id,
+            sampling_variants=settings.sampling_variants.mapping(),
+            seed=settings.seed,
         )
         values.update(overrides)
         return cls(**values)

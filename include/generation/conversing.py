@@ -92,14 +92,16 @@ class Conversations:
         return sum(len(s.turns) for s in self.states.values())
 
     # --- planning -------------------------------------------------------------------------
-    def plan(self, prompt_id: str) -> tuple[list[dict[str, Any]], int, int] | chain.End:
+    def plan(self, prompt_id: str, count: Callable[[Sequence[Mapping[str, Any]]], int] | None = None
+             ) -> tuple[list[dict[str, Any]], int, int] | chain.End:
         """Return the next turn's (messages, estimated prompt tokens, max_tokens), or its End
-        (``context_exhausted`` ends the conversation here: nothing is sent)."""
+        (``context_exhausted`` ends the conversation here: nothing is sent). ``count``: the
+        conversation's own token counter (a sampling variant with other thinking)."""
         state = self.states[prompt_id]
         request = chain.next_request(state)
         if isinstance(request, chain.End):
             return request
-        budget = turn_budget(state, self.count_one, context_length=self.context_length(),
+        budget = turn_budget(state, count or self.count_one, context_length=self.context_length(),
                              cap=self.cap, margin=self.margin,
                              min_completion=self.min_completion, slack=TURN_SLACK)
         if budget.end_reason is not None:

@@ -44,6 +44,7 @@ from include.generation.outcome import (
 from include.generation.pool import ServerPool, ServerState, unauthorized_cause
 from include.generation.retry import decide_retry
 from include.generation.tally import Tally
+from include.generation.variants import count_by_thinking, sampling_for
 
 __all__ = ["COMPLETED", "FAILED", "SKIPPED", "EngineConfig", "GenerationError", "ShardOutcome",
            "check_accounting", "run_shard"]
@@ -67,6 +68,8 @@ class _Item:
     length_retried: bool = False
     #: A whole conversation's current request (None: the prompt's own messages).
     messages: list[dict[str, str]] | None = None
+    #: The sampling this prompt is sent with (the run's, or its variant's).
+    sampling: dict[str, Any] | None = None
 
 
 class _Run(ConversationSteps):
@@ -198,21 +201,33 @@ class _Run(ConversationSteps):
         chunk = [self.unplanned[i] for i in range(min(PLAN_CHUNK, len(self.unplanned)))]
         context = self._context_length()
         single = [p for p in chunk if not is_conversation(p)]
-        counts = self.count_tokens([p["messages"] for p in single])
+        samplings = [self.sampling_of(p) for p in single]
+        counts = self._count(single, samplings)
         for record in chunk:
             if is_conversation(record):
-                self._plan_turn(_Item(record, 0, 0))
+                self._plan_turn(_Item(record, 0, 0, sampling=self.sampling_of(record)))
         for _ in chunk:  # taken off only once counted: a tokenizer error loses nothing
             self.unplanned.popleft()
-        for record, p_tokens in zip(single, counts, strict=True):
+        for record, p_tokens, sampling in zip(single, counts, samplings, strict=True):
             budget = token_budget(p_tokens, context, self.cfg.max_tokens,
                                   self.cfg.context_margin, self.cfg.min_completion_tokens)
-            item = _Item(record, p_tokens, budget.max_tokens)
+            item = _Item(record, p_tokens, budget.max_tokens, sampling=sampling)
             if budget.skip_reason:
                 self.tally.skip(item.record["id"], item.prompt_tokens, budget.skip_reason,
                                 budget.detail)
             else:
                 self.pending.append(item)
+
+    def sampling_of(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Return the sampling ``record`` is sent with: the run's, or its variant's."""
+        return sampling_for(record["id"], self.cfg.sampling, self.cfg.sampling_variants,
+                            self.cfg.seed)
+
+    def _count(self, records: list[dict[str, Any]], samplings: list[dict[str, Any]]
+               ) -> list[int]:
+        return count_by_thinking(self.count_tokens, [r["messages"] for r in records],
+                                 [s.get("enable_thinking") for s in samplings],
+                                 self.cfg.sampling.get("enable_thinking"))
 
     def _fill(self) -> None:
         # Called from the dispatch loop and straight from each request's completion, so a
@@ -272,7 +287,8 @@ class _Run(ConversationSteps):
                timeout: Any) -> None:
         item.attempts += 1
         request = c.ChatRequest(item.record["id"], item.messages or item.record["messages"],
-                                item.max_tokens, self.cfg.sampling, self.cfg.model)
+                                item.max_tokens, item.sampling or self.cfg.sampling,
+                                self.cfg.model)
         task = asyncio.create_task(c.send_chat(session, server.url, request, self.headers,
                                                timeout))
         seq = self.pool.dispatched(server)
@@ -321,7 +337,8 @@ class _Run(ConversationSteps):
         if decision.verdict == "complete" and item.messages is not None:
             self._turn_done(item, result, server)
         elif decision.verdict == "complete":
-            self.tally.complete(item.record, result, server.url, item.max_tokens, item.attempts)
+            self.tally.complete(item.record, result, server.url, item.max_tokens, item.attempts,
+                                item.sampling)
         elif decision.verdict == "rebudget" and item.messages is not None:
             self._rebudget_turn(item, decision.prompt_tokens)
         elif decision.verdict == "rebudget":

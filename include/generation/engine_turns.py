@@ -19,6 +19,7 @@ class ConversationSteps:
     ``tally``, ``journal``, ``pending`` and ``pool``)."""
 
     conv: Any
+    count_tokens: Any
     cfg: Any
     tally: Any
     journal: Any
@@ -30,7 +31,12 @@ class ConversationSteps:
     def _plan_turn(self, item: Any, previous: str | None = None) -> None:
         """Queue a conversation's next turn, or finish it (ended, or its turn cannot fit)."""
         assert self.conv is not None
-        planned = self.conv.plan(item.record["id"])
+        thinking = (item.sampling or {}).get("enable_thinking")
+        count = None
+        if thinking is not None and thinking != self.cfg.sampling.get("enable_thinking"):
+            def count(messages: Any) -> int:  # this conversation's variant renders its own way
+                return self.count_tokens([list(messages)], enable_thinking=thinking)[0]
+        planned = self.conv.plan(item.record["id"], count)
         if not isinstance(planned, tuple):
             self._finish_conversation(item)
             return
@@ -43,7 +49,8 @@ class ConversationSteps:
     def _turn_done(self, item: Any, result: c.ChatResult, server: ServerState) -> None:
         assert self.conv is not None
         extra = {"model": result.model,
-                 "sampling": {**self.cfg.sampling, "max_tokens": item.max_tokens},
+                 "sampling": {**(item.sampling or self.cfg.sampling),
+                              "max_tokens": item.max_tokens},
                  "timings": {"latency_s": round(result.latency_s, 4), "attempts": item.attempts,
                              "finished_at": round(time.time(), 3)}}
         record = self.conv.turn_done(item.record["id"], result, server.url, extra)
@@ -78,7 +85,8 @@ class ConversationSteps:
 
     def _finish_conversation(self, item: Any, failure: c.ChatResult | None = None) -> None:
         assert self.conv is not None
-        fields: dict[str, Any] = {"model": self.cfg.model, "sampling": dict(self.cfg.sampling)}
+        fields: dict[str, Any] = {"model": self.cfg.model,
+                                  "sampling": dict(item.sampling or self.cfg.sampling)}
         if failure is not None:
             fields.update(reason=failure.error_kind, http_status=failure.status,
                           attempts=item.attempts)

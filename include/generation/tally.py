@@ -77,7 +77,8 @@ class Tally:
                     result.status, result.error[:300])
 
     def complete(self, prompt: dict[str, Any], result: c.ChatResult, server: str,
-                 max_tokens: int, attempts: int) -> None:
+                 max_tokens: int, attempts: int, sampling: dict[str, Any] | None = None
+                 ) -> None:
         """Record a completion."""
         # The prompt (messages, metadata) is already in the prompt shard; the journal keeps
         # only what generation added, and the output joins the two.
@@ -86,7 +87,7 @@ class Tally:
             "text": result.text, "finish_reason": result.finish_reason,
             "matched_stop": result.matched_stop, "usage": result.usage,
             "model": result.model, "server": server,
-            "sampling": {**self.sampling, "max_tokens": max_tokens},
+            "sampling": {**(sampling or self.sampling), "max_tokens": max_tokens},
             "timings": {"latency_s": round(result.latency_s, 4), "attempts": attempts,
                         "finished_at": round(time.time(), 3)},
             # Present only when the server returned them (SGLang >= 0.5.23).

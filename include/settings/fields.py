@@ -7,9 +7,9 @@ Apart from ``run.py`` and ``deployment.py`` so that each imports it without impo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_DATA_DIR = REPO_ROOT / "include" / "sample_data"
@@ -40,6 +40,39 @@ PATTERN_ACCEPTED = {
                          "start-up on a served name with ':', which it reserves for LoRA "
                          "adapters, 'model:adapter')",
 }
+
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Field(ge=0.0, le=1.0)]
+TopK = Annotated[int, Field(ge=-1)]
+
+
+class SamplingVariants(BaseModel):
+    """Sampling values to mix within one run; each prompt gets one value of each listed
+    setting (``include.generation.variants``: crossed, by seed, the same on every try)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: list[Temperature] | None = Field(None, min_length=1, title="Temperatures")
+    top_p: list[TopP] | None = Field(None, min_length=1, title="Top-p values")
+    top_k: list[TopK] | None = Field(None, min_length=1, title="Top-k values")
+    enable_thinking: list[bool] | None = Field(None, min_length=1, title="Thinking on/off")
+
+    @model_serializer(mode="wrap")
+    def _listed_only(self, handler: Any) -> dict[str, Any]:
+        # Only the settings that vary: ``{}`` means one sampling, in the form and in records.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    @model_validator(mode="after")
+    def _distinct(self) -> SamplingVariants:
+        for key, values in self.model_dump().items():
+            if len(set(map(repr, values))) != len(values):
+                raise ValueError(f"{key} lists a value twice: {values}")
+        return self
+
+    def mapping(self) -> dict[str, list]:
+        """Return the listed settings and their values (what ``variants`` takes)."""
+        return {k: list(v) for k, v in self.model_dump().items()}
 
 
 class SourceSettings(BaseModel):

@@ -22,7 +22,9 @@ def _inline(schema: Any, defs: dict[str, Any]) -> Any:
     """Replace ``$ref``s by their definitions: each Param carries a self-contained schema."""
     if isinstance(schema, dict):
         if "$ref" in schema:
-            return _inline(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
+            # The field's own keys (title, description, section, default) sit beside the ref.
+            siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            return _inline({**defs[schema["$ref"].rsplit("/", 1)[-1]], **siblings}, defs)
         return {k: _inline(v, defs) for k, v in schema.items()}
     if isinstance(schema, list):
         return [_inline(v, defs) for v in schema]

@@ -20,6 +20,7 @@ from include.settings.fields import (
     SAMPLE_DATA_DIR,
     SHARD_RANGE_PATTERN,
     QualityFilter,
+    SamplingVariants,
     SourceSettings,
 )
 
@@ -119,6 +120,13 @@ class RunSettings(BaseModel):
         "context length).", 16, ge=1, le=65536)
     enable_thinking: bool = _s("Sampling", "Thinking", "Ask reasoning models (Qwen3) to think.",
                               True)
+    sampling_variants: SamplingVariants = _s(
+        "Sampling", "Sampling variants",
+        "Mix sampling within the run: lists of values for temperature, top_p, top_k and "
+        "enable_thinking, e.g. {\"temperature\": [0.6, 1.0], \"enable_thinking\": [true, "
+        "false]}. Each prompt gets one value of each listed setting, drawn by seed per "
+        "setting (crossed, the same on every try) and recorded in its row; the others keep "
+        "the values above. Empty: one sampling for the whole run.", SamplingVariants())
     # --- Generation ---------------------------------------------------------------------
     concurrency_mode: Literal["adaptive", "fixed"] = _s(
         "Generation", "Concurrency mode",
@@ -343,7 +351,8 @@ class RunSettings(BaseModel):
 
 
 #: Settings (and source keys) added later, at the value their absence meant before.
-NEUTRAL_VALUES: dict[str, Any] = {"turns": "first"}
+NEUTRAL_VALUES: dict[str, Any] = {
+    "turns": "first", "sampling_variants": SamplingVariants().model_dump(mode="json")}
 NEUTRAL_SOURCE_VALUES: dict[str, Any] = {"turns": None}
 
 #: Settings that decide which prompts exist and how they are sharded; equal fingerprints mean
@@ -378,4 +387,5 @@ COMPLETION_SETTINGS = (
     "context_margin",
     "min_completion_tokens",
     "turns",
+    "sampling_variants",
 )

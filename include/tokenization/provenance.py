@@ -35,6 +35,9 @@ PROVENANCE_COLUMNS = (
     ("sampling_top_k", "int32"),
     ("sampling_max_tokens", "int32"),
     ("sampling_enable_thinking", "bool_"),
+    # The row's mixed-sampling variant (setting ``sampling_variants``), e.g.
+    # ``temperature=1.0,enable_thinking=false``; None when the run had one sampling.
+    ("sampling_variant", "string"),
     ("sampling", "string"),
 )
 
@@ -80,6 +83,7 @@ def provenance(record: Mapping[str, Any]) -> dict[str, Any]:
         "sampling_top_k": _int(sampling.get("top_k")),
         "sampling_max_tokens": _int(sampling.get("max_tokens")),
         "sampling_enable_thinking": thinking if isinstance(thinking, bool) else None,
+        "sampling_variant": _str(sampling.get("variant")),
         "sampling": json.dumps(dict(sampling), sort_keys=True, separators=(",", ":"),
                                default=str),
     }

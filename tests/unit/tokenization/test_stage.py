@@ -336,6 +336,7 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
             ("sampling_top_k", pa.int32()),
             ("sampling_max_tokens", pa.int32()),
             ("sampling_enable_thinking", pa.bool_()),
+            ("sampling_variant", pa.string()),
             ("sampling", pa.string()),
         ]
     )
