@@ -245,8 +245,8 @@ def build_launch_command(
         "--tp-size", str(settings.tp_size),
         "--mem-fraction-static", str(settings.mem_fraction_static),
     ]  # fmt: skip
-    if settings.tokenizer_path:
-        args += ["--tokenizer-path", settings.tokenizer_path]
+    if settings.server_tokenizer_path:
+        args += ["--tokenizer-path", settings.server_tokenizer_path]
     if settings.reasoning_parser:
         args += ["--reasoning-parser", settings.reasoning_parser]
     if config_file:

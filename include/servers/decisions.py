@@ -209,14 +209,24 @@ def loading_outcome(
 
 
 def started_outcome(
-    spec: ServerSpec, action: Action, owner: str | None, pid: str, log_tail: str = ""
+    spec: ServerSpec, action: Action, owner: str | None, pid: str, log_tail: str = "",
+    *, already: bool = False,
 ) -> ServerOutcome:
     """Return what a launch command did, from the ``pid`` it printed ('' when none).
 
     Without a pid the server still counts as started by this run: the process may exist
-    without its pid file, and teardown then tries to stop it.
+    without its pid file, and teardown then tries to stop it. ``already``: once the command
+    held the lock it found a live server that another run's launch had just started; it
+    leased that one and started nothing (the gate waits for it like a loading server).
     """
     paths = spec.paths
+    if already and pid.isdigit():
+        return ServerOutcome(
+            spec, "loading", False, int(pid),
+            f"process {pid} was started by another run's launch while this one waited for the "
+            f"lock {paths.lock_file}; leased, not started again; the health gate waits for it",
+            leased=bool(owner),
+        )  # fmt: skip
     if not pid.isdigit():
         return ServerOutcome(
             spec, "failed", True, None,

@@ -242,9 +242,10 @@ def _start(
         launch, paths, owner=owner, config_bytes=len(config) if config else None
     )
     out = run_on_host(runners, spec, command, timeout=LOCK_WAIT_S + 60, stdin=config)
-    pid = parse_fields(out.stdout).get("pid", "")
+    fields = parse_fields(out.stdout)
+    pid = fields.get("pid", "")
     tail = "" if pid.isdigit() else fetch_log_tail(runners, spec, 30, secret=key)
-    return started_outcome(spec, action, owner, pid, tail)
+    return started_outcome(spec, action, owner, pid, tail, already=fields.get("already") == "1")
 
 
 def _release(

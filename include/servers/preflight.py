@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
@@ -54,10 +54,14 @@ class PreflightResult:
     #: SGLang's version as ``/server_info`` reports it (None when it does not say).
     version: str | None = None
     error: str = ""
+    #: The server's prompt ids (compared with the worker's render; not in ``to_dict``).
+    prompt_token_ids: list[int] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Return JSON-ready data."""
-        return asdict(self)
+        data = asdict(self)
+        data.pop("prompt_token_ids")
+        return data
 
 
 async def _one(
@@ -95,6 +99,7 @@ async def _one(
     if result.completion_tokens and result.latency_s:
         result.tokens_per_s = result.completion_tokens / result.latency_s
     result.token_ids = answer.response_token_ids is not None
+    result.prompt_token_ids = answer.prompt_token_ids
     problem = token_id_problem(answer)
     if problem:
         result.error = problem
@@ -113,6 +118,35 @@ async def _version(
         return server_version(answer.json())
     except ValueError:
         return None
+
+
+def tokenizer_render_problem(settings: Any, tok: Any, messages: list[dict[str, Any]],
+                             thinking: bool, results: list[PreflightResult]) -> str:
+    """Return how the worker's tokenizer renders the prompt otherwise than the servers ('' if
+    it does not): token budgets, the text path and every tokenization check use it.
+
+    Compared with each server's own prompt ids where it returned them, else its count.
+    """
+    from include.tokenization.tokenizer import render_prompts
+
+    text = render_prompts(tok, [messages], thinking)[0]
+    ours = list(tok(text, add_special_tokens=False)["input_ids"])
+    which = (f"tokenizer_path {settings.tokenizer_path!r}" if settings.tokenizer_path
+             else f"the model path's tokenizer {settings.model_path!r}")
+    for r in results:
+        theirs = r.prompt_token_ids
+        if theirs is not None and theirs != ours:
+            at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                      min(len(ours), len(theirs)))
+            return (f"{which} renders the preflight prompt to {len(ours)} token ids, server "
+                    f"{r.url} to {len(theirs)} (first difference at id {at}): this worker's "
+                    "tokenizer or chat template is not the servers'. Point tokenizer_path at "
+                    "the target model's own tokenizer (or leave it empty to use model_path).")
+        if theirs is None and r.prompt_tokens is not None and r.prompt_tokens != len(ours):
+            return (f"{which} counts {len(ours)} prompt tokens for the preflight prompt, server "
+                    f"{r.url} {r.prompt_tokens}: this worker's tokenizer or chat template is not "
+                    "the servers'. Point tokenizer_path at the target model's own tokenizer.")
+    return ""
 
 
 def token_id_problem(answer: Any) -> str:
@@ -248,6 +282,10 @@ def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]])
     results = asyncio.run(preflight(urls, prompt["messages"], max_tokens, sampling,
                                     settings.model_name, settings.api_key,
                                     timeout=settings.request_timeout_s))
+    render_problem = tokenizer_render_problem(
+        settings, tok, prompt["messages"], settings.enable_thinking, results)
+    if render_problem:
+        raise PreflightError(render_problem + "\n" + format_table(results), results)
     text_only = [r.url for r in results if not r.token_ids]
     note = ""
     if text_only:

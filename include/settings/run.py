@@ -282,6 +282,17 @@ class RunSettings(BaseModel):
         return self._deployment
 
     @property
+    def server_tokenizer_path(self) -> str | None:
+        """Return the ``--tokenizer-path`` the servers get: ``tokenizer_path`` only when it is
+        a hub id the deployment allows (the same on every host); a local path names the
+        worker's copy, which the GPU host may not have, so the servers use the model's own."""
+        from include.settings.resolve import HUB_ID
+
+        value = self.tokenizer_path
+        allowed = [*self.deployment.allowed_models, *self.deployment.allowed_tokenizers]
+        return value if value and HUB_ID.match(value) and value in allowed else None
+
+    @property
     def run_uri(self) -> str:
         """Return the location all of this run's outputs live under."""
         return self.deployment.output_root.rstrip("/") + "/" + self.run_name

@@ -125,7 +125,8 @@ def test_launch_command_passes_every_setting_as_one_argument() -> None:
         mem_fraction_static=0.8,
         reasoning_parser="qwen3",
         api_key="s3cret key",
-        tokenizer_path="/tok",
+        tokenizer_path="Qwen/Tok",
+        allowed_tokenizers=["Qwen/Tok"],
         extra_server_args=["--enable-metrics", "--max-running-requests", "64"],
         server_launch_command="python3 -m sglang.launch_server",
         gpu_hosts=[{"host": "gpu-a", "gpus": [4]}],
@@ -143,7 +144,7 @@ def test_launch_command_passes_every_setting_as_one_argument() -> None:
     assert pairs["--context-length"] == "16384"
     assert pairs["--mem-fraction-static"] == "0.8"
     assert pairs["--reasoning-parser"] == "qwen3"
-    assert pairs["--tokenizer-path"] == "/tok"
+    assert pairs["--tokenizer-path"] == "Qwen/Tok"
     assert pairs["--config"] == "/tmp/sglang-regen/server-30004.config.yaml"
     assert args[-3:] == ["--enable-metrics", "--max-running-requests", "64"]
     # The key is in no command: not the launch, not the detached start, not status or stop.

@@ -105,3 +105,33 @@ def test_status_refuses_to_read_a_log_directory_others_could_plant_in(tmp_path: 
     # Before the first launch the directory does not exist: nothing to report, no error.
     fresh = _sh(build_status_command(ServerPaths(str(tmp_path / "fresh"), 42033)))
     assert fresh.returncode == 0 and parse_fields(fresh.stdout)["alive"] == "0"
+
+
+def test_the_launcher_reports_a_server_found_under_the_lock_as_leased_not_started() -> None:
+    from include.servers.commands import server_specs
+    from include.servers.decisions import run_holds, started_outcome
+    from tests.fixtures.settings import run_settings
+
+    spec = server_specs(run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}]}))[0]
+    found = started_outcome(spec, "started", "dag/run B", "4242", already=True)
+    assert found.action == "loading" and not found.started_by_this_run and found.leased
+    assert "another run's launch" in found.detail and run_holds(found)
+    started = started_outcome(spec, "started", "dag/run B", "4242")
+    assert started.action == "started" and started.started_by_this_run
+
+
+def test_a_local_tokenizer_path_stays_on_the_worker_and_the_servers_use_the_models_own(
+    tmp_path: Path,
+) -> None:
+    from include.servers.commands import build_launch_command, server_specs
+    from tests.fixtures.settings import run_settings
+
+    local = tmp_path / "tok"
+    local.mkdir()
+    base = {"gpu_hosts": [{"host": "gpu-a", "gpus": [0]}], "data_roots": [str(tmp_path)],
+            "allowed_tokenizers": ["Qwen/Tok"]}
+    for value, sent in ((str(local), None), ("Qwen/Tok", "Qwen/Tok"), (None, None)):
+        s = run_settings({**base, "tokenizer_path": value})
+        words = shlex.split(build_launch_command(server_specs(s)[0], s))
+        got = words[words.index("--tokenizer-path") + 1] if "--tokenizer-path" in words else None
+        assert got == sent, value

@@ -108,3 +108,29 @@ def test_each_server_is_asked_whether_it_returns_its_token_ids() -> None:
 def test_token_ids_that_disagree_with_the_servers_usage_fail_preflight() -> None:
     with pytest.raises(PreflightError, match="63 sampled token ids, but its usage counts"):
         asyncio.run(run_with_servers([False], ids=["short"]))
+
+
+def test_a_worker_tokenizer_that_renders_otherwise_than_the_servers_fails_preflight(
+    tmp_path: Any,
+) -> None:
+    from types import SimpleNamespace
+
+    from include.servers.preflight import tokenizer_render_problem
+    from include.tokenization import load_tokenizer
+    from sglang_standin.tokenizer import build_chat_tokenizer
+
+    tok = load_tokenizer(str(build_chat_tokenizer(tmp_path / "tok")))
+    messages = [{"role": "user", "content": "What is two plus two?"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    settings = SimpleNamespace(tokenizer_path="/data/tok", model_path="Qwen/Qwen3.6-27B")
+    same = PreflightResult("http://a", True, prompt_tokens=len(ids), prompt_token_ids=list(ids))
+    assert tokenizer_render_problem(settings, tok, messages, True, [same]) == ""
+    other = PreflightResult("http://b", True, prompt_tokens=len(ids) + 1,
+                            prompt_token_ids=[*ids[:3], 7, *ids[3:]])
+    problem = tokenizer_render_problem(settings, tok, messages, True, [same, other])
+    assert "'/data/tok'" in problem and "http://b" in problem and "first difference at id 3" \
+        in problem
+    counted = PreflightResult("http://c", True, prompt_tokens=len(ids) + 2)
+    assert "counts" in tokenizer_render_problem(settings, tok, messages, True, [counted])
+    assert "prompt_token_ids" not in same.to_dict()
