@@ -84,11 +84,11 @@ class Conversations:
             self.states = resume(journal_records, starts)
         except ResumeError as exc:
             raise ResumeError(f"{shard_id}: {exc}") from None
+        kept = ("sampling", "timings", "server_version", "model")
         for record in journal_records:
-            if record.get("kind") == "conversation_turn" and record.get("conversation_id") in \
-                    starts:
-                self.extras[record["digest"]] = {k: record[k] for k in ("sampling", "timings",
-                                                                       "model") if k in record}
+            if (record.get("kind") == "conversation_turn"
+                    and record.get("conversation_id") in starts):
+                self.extras[record["digest"]] = {k: record[k] for k in kept if k in record}
         return sum(len(s.turns) for s in self.states.values())
 
     # --- planning -------------------------------------------------------------------------

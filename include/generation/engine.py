@@ -338,7 +338,7 @@ class _Run(ConversationSteps):
             self._turn_done(item, result, server)
         elif decision.verdict == "complete":
             self.tally.complete(item.record, result, server.url, item.max_tokens, item.attempts,
-                                item.sampling)
+                                item.sampling, server.version)
         elif decision.verdict == "rebudget" and item.messages is not None:
             self._rebudget_turn(item, decision.prompt_tokens)
         elif decision.verdict == "rebudget":

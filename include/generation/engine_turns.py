@@ -48,7 +48,7 @@ class ConversationSteps:
 
     def _turn_done(self, item: Any, result: c.ChatResult, server: ServerState) -> None:
         assert self.conv is not None
-        extra = {"model": result.model,
+        extra = {"model": result.model, "server_version": server.version,
                  "sampling": {**(item.sampling or self.cfg.sampling),
                               "max_tokens": item.max_tokens},
                  "timings": {"latency_s": round(result.latency_s, 4), "attempts": item.attempts,

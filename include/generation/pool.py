@@ -31,6 +31,7 @@ from include.sglang.contract import CONNECT as NO_CONNECTION
 from include.sglang.contract import (
     health_probe_timeout_s,
     served_model,
+    server_version,
     unauthorized_cause,
 )
 
@@ -48,6 +49,8 @@ class ServerState:
     in_flight: int = 0
     context_length: int | None = None
     model: str | None = None
+    #: SGLang's version as ``/server_info`` reports it (None: not reported).
+    version: str | None = None
     completed: int = 0
     output_tokens: int = 0
     sent: int = 0
@@ -249,6 +252,14 @@ class ServerPool:
                             "re-admit it when /health is 200", server.url, exc)
                 return
             server.model, server.context_length = entry.id, entry.max_model_len
+            # Recorded in every row it answers (provenance, the dataset card); informative:
+            # a server that does not say is no problem.
+            info = await aio.server_info(session, server.url, self.headers, timeout=10)
+            if info.status == 200:
+                try:
+                    server.version = server_version(info.json())
+                except ValueError:
+                    pass
 
         await asyncio.gather(*(one(s) for s in self.servers))
 

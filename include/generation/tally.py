@@ -77,8 +77,8 @@ class Tally:
                     result.status, result.error[:300])
 
     def complete(self, prompt: dict[str, Any], result: c.ChatResult, server: str,
-                 max_tokens: int, attempts: int, sampling: dict[str, Any] | None = None
-                 ) -> None:
+                 max_tokens: int, attempts: int, sampling: dict[str, Any] | None = None,
+                 server_version: str | None = None) -> None:
         """Record a completion."""
         # The prompt (messages, metadata) is already in the prompt shard; the journal keeps
         # only what generation added, and the output joins the two.
@@ -86,7 +86,7 @@ class Tally:
             "id": prompt["id"], "source": prompt.get("source"), "status": COMPLETED,
             "text": result.text, "finish_reason": result.finish_reason,
             "matched_stop": result.matched_stop, "usage": result.usage,
-            "model": result.model, "server": server,
+            "model": result.model, "server": server, "server_version": server_version,
             "sampling": {**(sampling or self.sampling), "max_tokens": max_tokens},
             "timings": {"latency_s": round(result.latency_s, 4), "attempts": attempts,
                         "finished_at": round(time.time(), 3)},

@@ -27,7 +27,6 @@ import json
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,8 @@ from include.layout import (
     TOKENIZED_PREFIX,
 )
 from include.servers.report import own_server_url
-from include.sglang_health import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
+from include.sglang import sync as sglang_sync
+from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
 from include.storage import LocalStore, S3Store, Store
 
 #: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
@@ -327,22 +327,8 @@ class RunMonitor:
                  else health.get(own[u], "not probed (no shard running)")} for u in urls]
 
     def _probe(self, url: str) -> str:
-        try:
-            with _NO_REDIRECTS.open(url + "/health", timeout=self.probe_timeout_s) as r:
-                return "healthy" if r.status == 200 else f"HTTP {r.status}"
-        except Exception as exc:  # any failure means "not healthy"; say which
-            return f"down ({type(exc).__name__})"
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """Refuse a redirect: a probe asks the deployment's server, nothing it points to."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-#: An opener that speaks HTTP only (no file://, no ftp://) and follows no redirect.
-_NO_REDIRECTS = urllib.request.OpenerDirector()
-for _handler in (urllib.request.HTTPHandler(), _RefuseRedirects(),
-                 urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor()):
-    _NO_REDIRECTS.add_handler(_handler)
+        # HTTP only, no redirect followed, never under the /health floor (include.sglang).
+        answer = sglang_sync.health(url, self.probe_timeout_s)
+        if answer.answered:
+            return "healthy" if answer.status == 200 else f"HTTP {answer.status}"
+        return f"down ({type(answer.error).__name__ if answer.error else answer.failure})"

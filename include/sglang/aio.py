@@ -67,10 +67,11 @@ async def models(
 
 
 async def server_info(
-    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None,
+    timeout: float | None = None,
 ) -> Answer:
     """GET ``/server_info``: parse it with ``contract.server_version``."""
-    return await get(session, url, SERVER_INFO, headers=headers)
+    return await get(session, url, SERVER_INFO, headers=headers, timeout=timeout)
 
 
 async def metrics(session: aiohttp.ClientSession, url: str, timeout: float) -> Answer:

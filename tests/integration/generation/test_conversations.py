@@ -78,6 +78,7 @@ def test_conversations_are_regenerated_turn_by_turn_exactly_and_stay_on_their_se
         rec = records[pid]
         assert rec["status"] == "completed" and rec["turn_results"], rec
         for turn in rec["turn_results"]:  # exactly what the server sampled for that prompt
+            assert turn["server_version"] == "0.5.23"
             assert turn["response_token_ids"] in sampled[tuple(turn["prompt_token_ids"])]
     tool = records["tool:0"]["turn_results"]
     assert [t["inputs"] for t in tool] == [[0, 2], [3, 4], [5, 6]]

@@ -48,4 +48,5 @@ def test_each_prompt_goes_out_with_its_variant_and_thinking_off_is_budgeted_as_r
         thinks = "<think>" in (rec.get("text") or "")
         assert thinks == want["enable_thinking"], rec["id"]
         seen[rec["sampling"]["variant"]] += 1
+        assert rec["server_version"] == "0.5.23"  # as the server's /server_info says
     assert len(seen) == 4

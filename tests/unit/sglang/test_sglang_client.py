@@ -182,15 +182,13 @@ def test_async_failures_are_answers_not_exceptions(server: str, closed_port_url:
 # --- who speaks to SGLang ------------------------------------------------------------------
 ENDPOINT = re.compile(
     r"""["'](/health|/v1/models|/server_info|/metrics|/v1/chat/completions)["']""")
-#: Not yet moved onto the client (its owner's to change): it probes with sync.health's rule.
-NOT_YET = {"include/reporting/monitor.py"}
 
 
 def test_only_the_client_names_sglangs_endpoints() -> None:
     naming = {p.relative_to(ROOT).as_posix() for base in ("include", "plugins", "dags")
               for p in (ROOT / base).rglob("*.py") if ENDPOINT.search(p.read_text())}
     assert "include/sglang/contract.py" in naming
-    strays = {p for p in naming if not p.startswith("include/sglang/")} - NOT_YET
+    strays = {p for p in naming if not p.startswith("include/sglang/")}
     assert not strays, f"call SGLang through include.sglang (sync or aio), not directly: {strays}"
 
 
