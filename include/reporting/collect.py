@@ -37,6 +37,9 @@ class Completion:
     attempts: int
     #: SGLang's version as the record says its server reported it ("" when it does not).
     server_version: str = ""
+    #: The prompt's id, and its mixed-sampling variant ("" when the run had one sampling).
+    prompt_id: str = ""
+    variant: str = ""
 
 
 @dataclass
@@ -84,7 +87,9 @@ def _completion(rec: dict[str, Any]) -> Completion:
         finished_at=float(timings.get("finished_at") or 0.0),
         latency_s=float(timings.get("latency_s") or 0.0),
         attempts=int(timings.get("attempts") or 1),
-        server_version=str(rec.get("server_version") or ""),
+        server_version=str(rec.get("server_version") or last_turn.get("server_version") or ""),
+        prompt_id=str(rec["id"]),
+        variant=str((rec.get("sampling") or {}).get("variant") or ""),
     )
 
 

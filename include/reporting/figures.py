@@ -15,6 +15,7 @@ from typing import Any
 from include.conversations.chain import END_REASONS
 from include.quality import QUALITY_FILTERS
 from include.reporting.collect import ShardFacts, source_of
+from include.tokenization.outputs import length_stats
 
 
 def reason_counts(entries: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -138,6 +139,34 @@ def quality_filter_figures(shards: list[ShardFacts], tokenization: dict[str, Any
         "per_source": {src: v["filtered_by_reason"] for src, v in per_source.items()
                        if v["filtered_by_reason"]},
     }
+
+
+def variant_figures(shards: list[ShardFacts]) -> dict[str, Any] | None:
+    """Return lengths, truncations and quality-filter quarantines per sampling variant
+    (setting ``sampling_variants``); None when the run had one sampling.
+
+    A quarantined row is counted under its prompt's variant (a conversation's turn
+    ``<id>#turn-k`` under its conversation's).
+    """
+    comps = [c for s in shards for c in s.completions if c.variant]
+    if not comps:
+        return None
+    variant_of = {c.prompt_id: c.variant for c in comps}
+    by_variant: dict[str, list[Any]] = {}
+    for c in comps:
+        by_variant.setdefault(c.variant, []).append(c)
+    filtered: dict[str, Counter[str]] = {v: Counter() for v in by_variant}
+    for s in shards:
+        for q in (s.tokenized or {}).get("quarantined") or ():
+            variant = variant_of.get(str(q.get("id", "")).split("#turn-")[0])
+            if variant is not None and q.get("reason") in QUALITY_FILTERS:
+                filtered[variant][q["reason"]] += 1
+    return {v: {"completed": len(cs),
+                "truncated": sum(c.finish_reason == "length" for c in cs),
+                "prompt_tokens": length_stats([c.prompt_tokens for c in cs]),
+                "completion_tokens": length_stats([c.completion_tokens for c in cs]),
+                "filtered": dict(sorted(filtered[v].items()))}
+            for v, cs in sorted(by_variant.items())}
 
 
 def conversation_figures(shards: list[ShardFacts]) -> dict[str, Any] | None:

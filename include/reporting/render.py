@@ -68,6 +68,8 @@ def blocks(report: dict[str, Any]) -> list[Block]:
     out += quality_filter_blocks(report["quality_filters"])
     if report.get("conversations"):
         out += conversation_blocks(report["conversations"])
+    if report.get("variants"):
+        out += variant_blocks(report["variants"])
     tp = report["throughput"]
     tok = report["tokens"]
     out += [
@@ -137,6 +139,17 @@ def quality_filter_blocks(qf: dict[str, Any]) -> list[Block]:
               f"{off}."),
         ("table", (["filter", "ran", "quarantined", *sources], rows)),
     ]
+
+
+def variant_blocks(variants: dict[str, Any]) -> list[Block]:
+    """Return the mixed-sampling section: lengths and filters per variant."""
+    rows = [[name, _fmt(v["completed"]), _fmt(v["truncated"]),
+             _fmt(v["prompt_tokens"].get("mean")), _fmt(v["completion_tokens"].get("mean")),
+             _fmt(v["completion_tokens"].get("p90")), _reasons(v["filtered"]) or "-"]
+            for name, v in variants.items()]
+    return [("h2", "Sampling variants"),
+            ("table", (["variant", "completed", "truncated", "prompt mean", "completion mean",
+                        "completion p90", "quality filters"], rows))]
 
 
 def conversation_blocks(conv: dict[str, Any]) -> list[Block]:

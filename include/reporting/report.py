@@ -41,6 +41,7 @@ from include.reporting.figures import (
     generation_figures,
     quality_filter_figures,
     tokenization_figures,
+    variant_figures,
 )
 from include.reporting.gates import GateResult, QualityGates, evaluate_gates
 from include.reporting.throughput import throughput
@@ -175,6 +176,7 @@ def compute_report(
         "tokenization": tokenization,
         "quality_filters": quality_filter_figures(shards, tokenization, tok_src),
         "conversations": conversation_figures(shards),
+        "variants": variant_figures(shards),
         "tokens": {"per_source": tokens_src,
                    "prompt_tokens": sum(c.prompt_tokens for c in comps),
                    "completion_tokens": sum(c.completion_tokens for c in comps)},
