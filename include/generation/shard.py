@@ -23,6 +23,11 @@ from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_account
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
+from include.settings.checks import (
+    check_shard_journal,
+    record_shard_settings,
+    regeneration_reason,
+)
 from include.storage import Store, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,8 @@ def generate_shard(
     """
     store = store or open_store(settings.run_uri)
     prompts_store = prompts_store or store
+    # Before anything else, a shard done or half done under other settings is refused.
+    check_shard_journal(settings, store, shard_id)
     _, manifest_key = output_keys(shard_id)
     if store.exists(manifest_key):
         manifest = json.loads(store.read(manifest_key))
@@ -99,6 +106,13 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
         wait_for_slot(shard_id, slot_free)
     if lease is not None:
         lease.check()  # the waits above can be long: no start marker from a lost holder
+    extra = {}
+    if settings.force_regenerate and prompts_store.root != store.root:
+        # The run's own location holds the journal this regeneration replaces.
+        extra["regeneration"] = {
+            "reason": regeneration_reason(settings, prompts_store, shard_id),
+            "earlier_journal": prompts_store.uri(journal_prefix(shard_id))}
+    record = record_shard_settings(settings, store, shard_id, **extra)
     store.write_new(started_key(shard_id), b"")
     if wait_for:
         wait_for_progress(store, prompts_store, shard_id, wait_for["shard_id"],
@@ -116,13 +130,17 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
     try:
         outcome = run_shard(
             shard_id, prompts, server_urls, journal, config,
-            lambda convs: count_prompt_tokens(tokenizer, convs, settings.enable_thinking),
+            # A sampling variant with the other thinking value is counted as it renders.
+            lambda convs, enable_thinking=settings.enable_thinking: count_prompt_tokens(
+                tokenizer, convs, enable_thinking),
         )
     finally:
         journal.close()
     log.info("%s", outcome.summary())
+    recorded = {"settings_fingerprint": record["fingerprint"],
+                **({"regeneration": record["regeneration"]} if "regeneration" in record else {})}
     return {
-        "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
+        **recorded, "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
         "truncated": outcome.truncated, "resumed": outcome.resumed,
         "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
         "requests": outcome.requests, "retries": outcome.retries,
@@ -285,7 +303,8 @@ def publish_shard(
     if generation and not generation.get("already_done"):
         manifest["generation"] = {k: generation[k] for k in
                                   ("elapsed_s", "resumed", "output_tokens", "requests",
-                                   "retries", "servers")
+                                   "retries", "servers", "settings_fingerprint",
+                                   "regeneration")
                                   if k in generation}
     if token:
         # Again after the journal read, which can take a while. Past this point a newer

@@ -2,13 +2,14 @@
 
 It reads: the run's conf against the deployment, the output location against the protected
 prefixes, the sources and ``dedupe_against`` locations, the tokenizer, the prompt shards an
-earlier run prepared (for ``shard_range`` and reuse), whether servers on a non-loopback host
-would get an API key, and whether each GPU host's SSH connection pins the host's key. The only
-write is the create-only probe of an S3 output root (``include.storage.probe``), once per root
-and endpoint. Every problem found is reported at once, each naming the setting, the value and
-what is accepted; nothing is prepared, launched or written. Checks that need only the settings
-are in ``include.settings.checks``; those here need a stage (a source's first row, the
-tokenizer, the servers' keys and connections).
+earlier run prepared (for ``shard_range`` and reuse), the completion settings the chosen
+shards' journals were written under (a resume may not mix them), whether servers on a
+non-loopback host would get an API key, and whether each GPU host's SSH connection pins the
+host's key. The only write is the create-only probe of an S3 output root
+(``include.storage.probe``), once per root and endpoint. Every problem found is reported at
+once, each naming the setting, the value and what is accepted; nothing is prepared, launched
+or written. Checks that need only the settings are in ``include.settings.checks``; those here
+need a stage (a source's first row, the tokenizer, the servers' keys and connections).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from include.pipeline.run import fail_without_retry
 from include.settings import DeploymentSettings, RunSettings, SettingsError
 from include.settings.checks import (
     check_dedupe,
+    check_earlier_journals,
     check_earlier_shards,
     check_output_location,
     check_served_name,
@@ -123,6 +125,8 @@ def check_settings(params: Mapping[str, Any] | None,
         problems += problem(lambda: check_store_create_only(settings))
     if not problems:  # the run's location is valid: look at what an earlier run left there
         problems += problem(lambda: check_earlier_shards(settings))
+    if not problems:  # the same prompts: would a resume mix completion settings in a shard?
+        problems += problem(lambda: check_earlier_journals(settings))
     raise_all(problems)
     log.info("settings checked; resolved:\n%s", describe(settings))
     from include.servers.checks import budget_line

@@ -26,14 +26,18 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     """
     from include.generation import shard
     from include.servers.report import XComMismatchError, trusted_urls
+    from include.settings.checks import JournalSettingsError
 
     settings = bind(params)
     with fail_without_retry(XComMismatchError):
         urls = trusted_urls(servers, settings)
     slot_free = (airflow_slot_free(dag_id, ti.task_id, run_id, ti.map_index, slots)
                  if ti and run_id else None)
-    return shard.generate_shard(settings, shard_id, urls,
-                                open_run_store(settings, outputs_uri), open_run_store(settings),
-                                wait_for, run_id=run_id, is_live=airflow_run_is_live(dag_id),
-                                slot_free=slot_free,
-                                lease_ttl_s=settings.deployment.lease_ttl_s)
+    # A journal under other completion settings (a run triggered before check_settings
+    # looked, or one that raced it) fails for good: a retry would be refused the same way.
+    with fail_without_retry(JournalSettingsError):
+        return shard.generate_shard(settings, shard_id, urls,
+                                    open_run_store(settings, outputs_uri),
+                                    open_run_store(settings), wait_for, run_id=run_id,
+                                    is_live=airflow_run_is_live(dag_id), slot_free=slot_free,
+                                    lease_ttl_s=settings.deployment.lease_ttl_s)

@@ -384,7 +384,7 @@ PREPARATION_SETTINGS = (
 #: fingerprint (``include.settings.checks``), and a resume under other values is refused.
 #: Not here: concurrency, timeouts, tokenization and quality gates (they change how fast or
 #: what is kept, not what the target samples). A setting added later goes here, with its
-#: neutral value in ``NEUTRAL_VALUES`` so earlier journals still match: e.g. sampling_variants.
+#: neutral value in ``NEUTRAL_VALUES`` so earlier journals still match (as sampling_variants).
 COMPLETION_SETTINGS = (
     "model_path",
     "served_model_name",

@@ -52,6 +52,16 @@ class Store(Protocol):
         """Return every key under ``prefix``, sorted."""
         ...
 
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        """Return the keys directly in folder ``prefix`` and its sub-folders, each sorted.
+
+        One level only (S3's ``Delimiter='/'``): sub-folders come back as prefixes ending in
+        ``/`` (``journal/shard-00001/``), not as the keys under them, so a folder of a
+        million journal segments costs one entry. ``"journal"`` and ``"journal/"`` are the
+        same folder; ``""`` is the root.
+        """
+        ...
+
 
 def split_lines(chunks: Iterator[bytes], where: str) -> Iterator[bytes]:
     """Yield the lines of a byte stream read in chunks; StoreError on an over-long line."""

@@ -222,6 +222,25 @@ class S3Store:
     def list(self, prefix: str) -> list[str]:
         return sorted(self.iter_keys(prefix))
 
+    def list_children(self, prefix: str, *, page_size: int = 1000
+                      ) -> tuple[list[str], list[str]]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        folder = prefix.strip("/")
+        s3_prefix = base + (f"{folder}/" if folder else "")
+        keys: list[str] = []
+        subs: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=s3_prefix, Delimiter="/",
+                PaginationConfig={"PageSize": page_size})
+            for page in pages:
+                keys += [obj["Key"][len(base):] for obj in page.get("Contents", ())
+                         if obj["Key"] != s3_prefix]  # a console's "folder" marker
+                subs += [p["Prefix"][len(base):] for p in page.get("CommonPrefixes", ())]
+        except Exception as exc:
+            raise self._error(exc, "listing", folder or None) from exc
+        return sorted(keys), sorted(subs)
+
     # --- writes ---------------------------------------------------------------------------
     def write_new(self, key: str, data: bytes) -> bool:
         full = self._key(key)

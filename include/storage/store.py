@@ -100,6 +100,24 @@ class LocalStore:
             if p.is_file() and not p.name.startswith(".tmp-")
         )
 
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        folder = prefix.strip("/")
+        base = self._path(folder) if folder else self._root
+        lead = f"{folder}/" if folder else ""
+        keys: list[str] = []
+        subs: list[str] = []
+        try:
+            entries = os.scandir(base)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        with entries:
+            for entry in entries:
+                if entry.is_dir():
+                    subs.append(f"{lead}{entry.name}/")
+                elif entry.is_file() and not entry.name.startswith(".tmp-"):
+                    keys.append(f"{lead}{entry.name}")
+        return sorted(keys), sorted(subs)
+
 
 def open_store(
     uri: str,
@@ -215,3 +233,6 @@ class ReadOnlyStore:
 
     def list(self, prefix: str) -> list[str]:
         return self.inner.list(prefix)
+
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        return self.inner.list_children(prefix)

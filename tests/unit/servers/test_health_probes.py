@@ -57,9 +57,9 @@ def test_the_monitor_never_probes_for_less_than_the_floor(tmp_path: Path) -> Non
 def test_every_module_probing_health_takes_its_timeout_from_the_one_module() -> None:
     probing = [p for base in ("include", "plugins") for p in (ROOT / base).rglob("*.py")
                if re.search(r"""["']/health["']""", p.read_text())]
-    # The pool and the trigger probe through include.sglang.aio.health (timeouts above).
-    assert {p.relative_to(ROOT).as_posix() for p in probing} >= {
-        "include/sglang/contract.py", "include/reporting/monitor.py"}
+    # Every probe (pool, trigger, monitor) goes through include.sglang, which spells the path
+    # once, beside the floor.
+    assert {p.relative_to(ROOT).as_posix() for p in probing} == {"include/sglang/contract.py"}
     for path in probing:
         if path.name == "contract.py":
             continue  # where the floor itself is defined
