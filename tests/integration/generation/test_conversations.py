@@ -13,8 +13,8 @@ import pytest
 
 from include.generation.engine import run_shard
 from include.generation.journal import FileJournal
-from include.tokenization import load_tokenizer, tokenize_completions
 from include.generation.shard import build_shard_output
+from include.tokenization import load_tokenizer, tokenize_completions
 from sglang_standin.testing import read_sampled_log
 from tests.integration.generation.helpers import (
     assert_accounted,
