@@ -80,14 +80,6 @@ def is_report_file(key: str) -> bool:
     return match is not None and match["ext"] in REPORT_MEDIA_TYPES
 
 
-def _location_of(key: str) -> str:
-    """Return the outputs location a key under a run lies in (``regenerations/<id>`` or
-    deeper, cut at the first output folder)."""
-    for folder in (REPORT_PREFIX, JOURNAL_PREFIX, GENERATED_PREFIX, TOKENIZED_PREFIX):
-        key = key.split(f"/{folder}/")[0]
-    return key
-
-
 @dataclass(frozen=True)
 class Rate:
     """Throughput over the journals' last ``RATE_WINDOW_S`` seconds, as of their last line."""
@@ -183,6 +175,8 @@ class RunMonitor:
             records: dict[str, dict[str, Any]] = {}
             merge_lines(self.store.read(key).splitlines(), records)
             for rec in records.values():
+                if rec.get("kind") == "conversation_turn":
+                    continue  # a turn, not a prompt: its conversation's final record counts
                 part.status[rec["id"]] = rec.get("status", "")
                 if not is_final(rec):
                     part.retryable.add(rec["id"])
@@ -222,19 +216,36 @@ class RunMonitor:
         now = time.time() if now is None else now
         shard_prompts = self._fact(f"{name}/{MANIFEST_KEY}", lambda m: {
             s["shard_id"]: s["count"] for s in m["shards"] if s["count"]})
-        keys = self.store.list(f"{name}/")
-        regenerations = f"{name}/{REGENERATIONS_PREFIX}/"
-        locations = sorted({_location_of(k[len(name) + 1:])
-                            for k in keys if k.startswith(regenerations)})
-        locations = [""] + [loc for loc in locations if loc.count("/") == 1]
+        _, forced = self.store.list_children(f"{name}/{REGENERATIONS_PREFIX}/")
+        locations = [""] + [sub[len(name) + 1:].rstrip("/") for sub in forced]
         out = []
         for loc in locations:
             base = f"{name}/{loc}/" if loc else f"{name}/"
-            mine = [k[len(base):] for k in keys if k.startswith(base)
-                    and (loc or not k.startswith(regenerations))]
-            out.append(self._location_state(base, loc, mine, shard_prompts, now, probe))
+            out.append(self._location_state(base, loc, self._listing(base), shard_prompts,
+                                            now, probe))
         return {"run_name": name, "prompts": sum(shard_prompts.values()),
                 "shards_in_run": len(shard_prompts), "locations": out}
+
+    def _listing(self, base: str) -> list[str]:
+        """Return the keys of one outputs location the state reads, relative to it.
+
+        A folder at a time (``Store.list_children``): the manifests, the report files, and
+        the journal segments of shards not yet published only. A finished shard's segments
+        (most of a long run's keys) are never listed again.
+        """
+        def children(folder: str) -> tuple[list[str], list[str]]:
+            keys, subs = self.store.list_children(base + folder)
+            return [k[len(base):] for k in keys], [s[len(base):] for s in subs]
+
+        out = [*children(f"{GENERATED_PREFIX}/")[0], *children(f"{TOKENIZED_PREFIX}/")[0]]
+        for report in children(f"{REPORT_PREFIX}/")[1]:
+            out += children(report)[0]
+        published = {k.split("/")[1].split(".")[0] for k in out
+                     if k.endswith(SHARD_MANIFEST_SUFFIX)}
+        for journal in children(f"{JOURNAL_PREFIX}/")[1]:
+            if journal.rstrip("/").rsplit("/", 1)[-1] not in published:
+                out += children(journal)[0]
+        return out
 
     def _location_state(self, base: str, loc: str, keys: list[str],
                         shard_prompts: dict[str, int], now: float, probe: bool

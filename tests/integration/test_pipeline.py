@@ -174,6 +174,31 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     think_close = AutoTokenizer.from_pretrained(conf["model_path"]).convert_tokens_to_ids(
         "</think>")
     _rows_are_the_sampled_ids(run, prompts, sampled_dir, think_close)
+    _the_card_loads_the_dataset(run, prompts)
+
+
+def _the_card_loads_the_dataset(run: dict[str, bytes], prompts: dict) -> None:
+    """The run's dataset card parses, and `datasets` loads the data it points at."""
+    import tempfile
+
+    import datasets
+    import yaml
+
+    card = run["runs/expansion_v1/README.md"].decode()
+    header = yaml.safe_load(card.split("---")[1])
+    pattern = header["configs"][0]["data_files"][0]["path"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, data in run.items():
+            rel = key.removeprefix("runs/expansion_v1/")
+            if rel.startswith("tokenized/") or rel == "README.md":
+                Path(tmp, rel).parent.mkdir(parents=True, exist_ok=True)
+                Path(tmp, rel).write_bytes(data)
+        ds = datasets.load_dataset("parquet", data_files=str(Path(tmp, pattern)), split="train")
+        assert ds.num_rows == sum(s["count"] for s in prompts["shards"])
+        assert header["dataset_info"]["splits"][0]["num_examples"] == ds.num_rows
+        assert {"input_ids", "loss_mask", "sampling_temperature", "server_version"} <= set(
+            ds.column_names)
+        assert set(ds["server_version"]) == {"0.5.23"}
 
 
 def _rows_are_the_sampled_ids(run: dict[str, bytes], prompts: dict, sampled_dir: Path,

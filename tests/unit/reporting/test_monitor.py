@@ -19,7 +19,13 @@ from include.reporting.monitor import (
 )
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
-from tests.unit.reporting.synthetic_run import T0, ShardSpec, write_prompts_manifest, write_shard
+from tests.unit.reporting.synthetic_run import (
+    T0,
+    ShardSpec,
+    write_prompts_manifest,
+    write_run,
+    write_shard,
+)
 
 
 def test_done_running_and_left_shards_with_rows_rate_and_eta(tmp_path) -> None:
@@ -212,11 +218,16 @@ class CountingStore(LocalStore):
     def __init__(self, root) -> None:
         super().__init__(root)
         self.lists: list[str] = []
+        self.children: list[str] = []
         self.reads: list[str] = []
 
     def list(self, prefix: str) -> list[str]:
         self.lists.append(prefix)
         return super().list(prefix)
+
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        self.children.append(prefix)
+        return super().list_children(prefix)
 
     def read(self, key: str) -> bytes:
         self.reads.append(key)
@@ -239,15 +250,29 @@ def test_live_runs_lists_each_run_once_per_ttl_and_never_the_whole_store(tmp_pat
     monitor = RunMonitor(store, ttl_s=5.0, timer=lambda: clock[0])
     first = monitor.live_runs()
     assert [r["run_name"] for r in first] == ["one", "two"]
-    assert sorted(store.lists) == ["one/", "two/"]  # one listing per run, none of the root
-    reads = len(store.reads)
+    # A folder at a time, never a recursive listing of the store or of a run.
+    assert store.lists == [] and store.children
+    assert {p.split("/")[0] for p in store.children} == {"one", "two"}
+    per_refresh, reads = len(store.children), len(store.reads)
     assert monitor.live_runs() == first  # a second request within the TTL costs nothing
-    assert (sorted(store.lists), len(store.reads)) == (["one/", "two/"], reads)
+    assert (len(store.children), len(store.reads)) == (per_refresh, reads)
     clock[0] = 6.0
     monitor.live_runs()
-    assert sorted(store.lists) == ["one/", "one/", "two/", "two/"]
+    assert len(store.children) == 2 * per_refresh and store.lists == []
     # Journal segments and manifests are create-only: parsed once, not again after the TTL.
     assert len(store.reads) == reads
+
+
+def test_a_published_shards_journal_is_not_listed_again(tmp_path) -> None:
+    store = CountingStore(tmp_path)
+    run = LocalStore(tmp_path / "r")
+    write_run(run, {"shard-00000": ShardSpec(completed=3),
+                    "shard-00001": ShardSpec(completed=2, journal_only=True)})
+    state = RunMonitor(store).run_state("r")
+    assert state["locations"][0]["shards_running"] == 1 and state["locations"][0]["rows"][
+        "completed"] == 5
+    journal_folders = [p for p in store.children if "/journal/shard-" in p]
+    assert journal_folders == ["r/journal/shard-00001/"]  # the one still generating
 
 
 def test_servers_are_probed_once_per_ttl(tmp_path, monkeypatch) -> None:
@@ -383,3 +408,20 @@ def test_the_deployments_server_addresses_cover_every_tp_size() -> None:
     for url in ("http://gpu-a:31004", "file:///etc/passwd", "http://gpu-a", "gopher://gpu-a:31000",
                 "http://gpu-a:99999", None):
         assert own_server_url(url, server_addresses(d)) is None
+
+
+def test_a_conversations_turn_records_are_not_counted_as_prompts(tmp_path) -> None:
+    from include.generation.journal import StoreJournal
+
+    run = LocalStore(tmp_path / "r")
+    write_run(run, {"shard-00000": ShardSpec(completed=2, journal_only=True)})
+    journal = StoreJournal(run, "journal/shard-00000")
+    for k in range(3):  # a conversation still going: three finished turns, no final record
+        journal.append({"id": f"conv:1#turn-{k}@d{k}", "kind": "conversation_turn",
+                        "status": "turn", "conversation_id": "conv:1", "turn": k,
+                        "usage": {"completion_tokens": 50},
+                        "timings": {"finished_at": T0 + 10 + k}})
+    journal.close()
+    (loc,) = RunMonitor(LocalStore(tmp_path)).run_state("r")["locations"]
+    assert loc["rows"]["completed"] == 2
+    assert loc["generating"] == [{"shard_id": "shard-00000", "finished": 2, "prompts": 2}]
