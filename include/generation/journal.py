@@ -81,6 +81,16 @@ def is_final(record: dict[str, Any]) -> bool:
     return record.get("status") != FAILED or record.get("reason") not in RETRYABLE
 
 
+#: Journal records that do not end a prompt: a whole conversation's finished turns (and
+#: ends), which a retry continues from (``include.conversations.resume``).
+PER_TURN_KINDS = frozenset({"conversation_turn", "conversation_end"})
+
+
+def prompt_records(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return the records that end a prompt (one per prompt id), without per-turn records."""
+    return {k: r for k, r in records.items() if r.get("kind") not in PER_TURN_KINDS}
+
+
 def merge_record(into: dict[str, dict[str, Any]], record: dict[str, Any]) -> None:
     """Add one record to ``into`` by id: the first final record wins; a retryable failure
     gives way to any later record of its id."""

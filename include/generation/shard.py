@@ -17,7 +17,13 @@ from typing import Any
 from include.generation.claims import wait_for_turn
 from include.generation.config import EngineConfig
 from include.generation.engine import run_shard
-from include.generation.journal import StoreJournal, compact, merge_lines, read_segments
+from include.generation.journal import (
+    StoreJournal,
+    compact,
+    merge_lines,
+    prompt_records,
+    read_segments,
+)
 from include.generation.lease import LEASE_TTL_S, Lease, check_token
 from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_accounting
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
@@ -299,7 +305,7 @@ def publish_shard(
     records: dict[str, dict[str, Any]] = {}
     for _, lines in segments:
         merge_lines(lines.splitlines(), records)
-    data, manifest = build_shard_output(shard_id, prompts, records)
+    data, manifest = build_shard_output(shard_id, prompts, prompt_records(records))
     if generation and not generation.get("already_done"):
         manifest["generation"] = {k: generation[k] for k in
                                   ("elapsed_s", "resumed", "output_tokens", "requests",
@@ -332,5 +338,5 @@ def compact_journal(store: Store, shard_id: str,
 
 
 def load_journal_records(store: Store, shard_id: str) -> dict[str, dict[str, Any]]:
-    """Return the final journal record per prompt id of a shard."""
-    return StoreJournal(store, journal_prefix(shard_id)).load()
+    """Return the final journal record per prompt id of a shard (no per-turn records)."""
+    return prompt_records(StoreJournal(store, journal_prefix(shard_id)).load())
