@@ -135,18 +135,41 @@ def _model_lines(report: dict[str, Any], settings: Mapping[str, Any],
 
 #: The run settings that shape a completion (sampling) and a row (tokenization).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "enable_thinking",
-                 "reasoning_parser", "min_completion_tokens", "context_margin")
+                 "reasoning_parser", "min_completion_tokens", "context_margin", "turns")
 TOKENIZATION_KEYS = ("include_reasoning", "keep_truncated_completions", "max_sequence_length",
                      "over_length")
 
 
 def _sampling_lines(settings: Mapping[str, Any]) -> list[str]:
+    variants = {k: v for k, v in (settings.get("sampling_variants") or {}).items() if v}
+    mixed = (["Mixed sampling (`sampling_variants`): each prompt drew one value of each of "
+              + ", ".join(f"`{k}` {v}" for k, v in variants.items())
+              + " (by seed, per setting); the values above are the others'. Each row records "
+              "its own in `sampling_variant` and the `sampling_*` columns.", ""]
+             if variants else [])
     return ["## Sampling", "",
             *_table(["setting", "value"], [[k, settings.get(k)] for k in SAMPLING_KEYS]),
+            *mixed,
             "Each request's `max_tokens` is min(max_tokens, context length - prompt tokens - "
             "context_margin).", "",
             *_table(["tokenization setting", "value"],
                     [[k, settings.get(k)] for k in TOKENIZATION_KEYS])]
+
+
+def _conversation_lines(conv: Mapping[str, Any] | None) -> list[str]:
+    """Return the whole-conversations section (``turns: all``); none for single answers."""
+    if not conv:
+        return []
+    ends = ", ".join(f"{r} {n:,}" for r, n in conv.get("ends", {}).items() if n) or "-"
+    apart = ", ".join(f"{r} {n:,}" for r, n in conv.get("kept_apart", {}).items() if n) or "-"
+    return ["## Whole conversations", "",
+            f"{conv.get('conversations', 0):,} conversations regenerated turn by turn "
+            f"({conv.get('turns', 0):,} target turns; every assistant turn is the target's, "
+            "a recorded tool result follows only a turn that made the same calls). Ended by: "
+            f"{ends}. Rows: {conv.get('whole_rows', 0):,} whole-conversation rows (the loss on "
+            f"every target turn) where the turns are prefix-stable, "
+            f"{conv.get('turn_rows', 0):,} per-turn rows (`id` `<conversation>#turn-<k>`) "
+            f"elsewhere ({apart}).", ""]
 
 
 def _source_lines(used: list[dict[str, Any]]) -> list[str]:
@@ -258,6 +281,7 @@ def render_card(
         *_sampling_lines(settings),
         *_source_lines(used),
         *_funnel_lines(report),
+        *_conversation_lines(report.get("conversations")),
         *_token_lines(report),
         *_load_lines(),
     ]
