@@ -73,6 +73,9 @@ class ChatResult:
     matched_stop: int | str | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
+    #: The weights that answered, as SGLang >= 0.5.23 says in ``metadata.weight_version``
+    #: (``/update_weight_version`` changes it on a live server), else None.
+    weight_version: str | None = None
     latency_s: float = 0.0
 
     @property
@@ -172,6 +175,9 @@ def _parse_completion(result: ChatResult, body: bytes) -> None:
         result.matched_stop = choice.get("matched_stop")
         result.usage = dict(data.get("usage") or {})
         result.model = data.get("model")
+        metadata = data.get("metadata")
+        if isinstance(metadata, dict) and metadata.get("weight_version") is not None:
+            result.weight_version = str(metadata["weight_version"])
         result.prompt_token_ids = _ids(choice.get("prompt_token_ids"))
         result.response_token_ids = _ids(choice.get("response_token_ids"))
     except (ValueError, KeyError, IndexError, TypeError) as exc:

@@ -84,7 +84,7 @@ class Conversations:
             self.states = resume(journal_records, starts)
         except ResumeError as exc:
             raise ResumeError(f"{shard_id}: {exc}") from None
-        kept = ("sampling", "timings", "server_version", "model")
+        kept = ("sampling", "timings", "server_version", "weight_version", "model")
         for record in journal_records:
             if (record.get("kind") == "conversation_turn"
                     and record.get("conversation_id") in starts):

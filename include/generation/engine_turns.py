@@ -49,6 +49,7 @@ class ConversationSteps:
     def _turn_done(self, item: Any, result: c.ChatResult, server: ServerState) -> None:
         assert self.conv is not None
         extra = {"model": result.model, "server_version": server.version,
+                 "weight_version": result.weight_version,
                  "sampling": {**(item.sampling or self.cfg.sampling),
                               "max_tokens": item.max_tokens},
                  "timings": {"latency_s": round(result.latency_s, 4), "attempts": item.attempts,

@@ -87,6 +87,7 @@ class Tally:
             "text": result.text, "finish_reason": result.finish_reason,
             "matched_stop": result.matched_stop, "usage": result.usage,
             "model": result.model, "server": server, "server_version": server_version,
+            "weight_version": result.weight_version,
             "sampling": {**(sampling or self.sampling), "max_tokens": max_tokens},
             "timings": {"latency_s": round(result.latency_s, 4), "attempts": attempts,
                         "finished_at": round(time.time(), 3)},

@@ -217,9 +217,10 @@ def _token_lines(report: dict[str, Any]) -> list[str]:
     rows = [[src, v["prompt_tokens"], v["completion_tokens"], reasoning(v)]
             for src, v in tok["per_source"].items()]
     rows.append(["all", tok["prompt_tokens"], tok["completion_tokens"], reasoning(tok)])
-    missing = ("" if "reasoning_tokens" in tok else
-               " Reasoning tokens are not in this run's report (the servers' "
-               "`usage.reasoning_tokens` is not collected yet).")
+    missing = (" Reasoning tokens are the servers' own count of the ids in the think block "
+               "(`usage.reasoning_tokens`)." if "reasoning_tokens" in tok else
+               " Reasoning tokens: not reported (a server older than SGLang 0.5.23 does not "
+               "count them in `usage.reasoning_tokens`).")
     return ["## Tokens", "", *_table(
         ["source", "prompt tokens", "completion tokens", "reasoning tokens"], rows),
         "Prompt and completion tokens are the servers' usage counts of every completed "

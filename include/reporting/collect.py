@@ -37,6 +37,10 @@ class Completion:
     attempts: int
     #: SGLang's version as the record says its server reported it ("" when it does not).
     server_version: str = ""
+    #: The weights that answered (``metadata.weight_version``; "" when not reported).
+    weight_version: str = ""
+    #: The server's count of thinking tokens (``usage.completion_tokens_details``), or None.
+    reasoning_tokens: int | None = None
     #: The prompt's id, and its mixed-sampling variant ("" when the run had one sampling).
     prompt_id: str = ""
     variant: str = ""
@@ -73,6 +77,19 @@ def _usage(rec: dict[str, Any]) -> dict[str, int]:
             for k in ("prompt_tokens", "completion_tokens")}
 
 
+def _reasoning_tokens(rec: dict[str, Any]) -> int | None:
+    """Return the server's reasoning-token count of a record (its turns' sum), or None."""
+    usages = ([t.get("usage") or {} for t in rec["turn_results"]] if rec.get("turn_results")
+              else [rec.get("usage") or {}])
+    # SGLang 0.5.23 counts them always at ``usage.reasoning_tokens`` (the OpenAI place,
+    # ``completion_tokens_details``, only when there are some); older releases do not.
+    counts = [u.get("reasoning_tokens", (u.get("completion_tokens_details") or {}).get(
+        "reasoning_tokens")) for u in usages]
+    if any(type(c) is not int for c in counts):
+        return None
+    return sum(counts)
+
+
 def _completion(rec: dict[str, Any]) -> Completion:
     usage = _usage(rec)
     timings = rec.get("timings") or {}
@@ -88,6 +105,8 @@ def _completion(rec: dict[str, Any]) -> Completion:
         latency_s=float(timings.get("latency_s") or 0.0),
         attempts=int(timings.get("attempts") or 1),
         server_version=str(rec.get("server_version") or last_turn.get("server_version") or ""),
+        weight_version=str(rec.get("weight_version") or last_turn.get("weight_version") or ""),
+        reasoning_tokens=_reasoning_tokens(rec),
         prompt_id=str(rec["id"]),
         variant=str((rec.get("sampling") or {}).get("variant") or ""),
     )

@@ -127,7 +127,8 @@ def compute_report(
     for c in comps:
         by_src[c.source].append(c)
     tokens_src = {src: {"prompt_tokens": sum(c.prompt_tokens for c in cs),
-                        "completion_tokens": sum(c.completion_tokens for c in cs)}
+                        "completion_tokens": sum(c.completion_tokens for c in cs),
+                        **_reasoning_total(cs)}
                   for src, cs in sorted(by_src.items())}
     lengths = {src: {"prompt_tokens": _stats([c.prompt_tokens for c in cs]),
                      "completion_tokens": _stats([c.completion_tokens for c in cs])}
@@ -179,7 +180,8 @@ def compute_report(
         "variants": variant_figures(shards),
         "tokens": {"per_source": tokens_src,
                    "prompt_tokens": sum(c.prompt_tokens for c in comps),
-                   "completion_tokens": sum(c.completion_tokens for c in comps)},
+                   "completion_tokens": sum(c.completion_tokens for c in comps),
+                   **_reasoning_total(comps)},
         "throughput": throughput(produced),
         "servers": {
             "models": sorted({c.model for c in comps if c.model}),
@@ -197,19 +199,30 @@ def compute_report(
     return report
 
 
+def _reasoning_total(comps: list[Completion]) -> dict[str, int]:
+    """Return ``{"reasoning_tokens": n}`` when every server counted them, else {}."""
+    counts = [c.reasoning_tokens for c in comps]
+    if not counts or any(n is None for n in counts):
+        return {}
+    return {"reasoning_tokens": sum(n for n in counts if n is not None)}
+
+
 def server_versions(comps: list[Completion]) -> list[dict[str, Any]]:
     """Return each server that answered, with the model and SGLang version(s) it recorded.
 
-    The dataset card's server table; ``weight_version`` is not in a journal record yet.
+    The dataset card's server table, with the weight versions its answers carried.
     """
-    seen: dict[str, tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
+    seen: dict[str, tuple[set[str], set[str], set[str]]] = defaultdict(
+        lambda: (set(), set(), set()))
     for c in comps:
-        models, versions = seen[c.server]
+        models, versions, weights = seen[c.server]
         models.add(c.model)
         versions.add(c.server_version)
+        weights.add(c.weight_version)
     return [{"url": url, "model": ", ".join(sorted(m - {""})) or None,
-             "version": ", ".join(sorted(v - {""})) or None, "weight_version": None}
-            for url, (m, v) in sorted(seen.items()) if url]
+             "version": ", ".join(sorted(v - {""})) or None,
+             "weight_version": ", ".join(sorted(w - {""})) or None}
+            for url, (m, v, w) in sorted(seen.items()) if url]
 
 
 def agreed_fingerprint(shards: list[ShardFacts]) -> str | None:

@@ -27,6 +27,8 @@ PROVENANCE_COLUMNS = (
     ("model", "string"),
     ("server", "string"),
     ("server_version", "string"),
+    # The weights that answered (SGLang's ``metadata.weight_version``), None if not reported.
+    ("weight_version", "string"),
     ("prompt_tokens", "int32"),
     ("completion_tokens", "int32"),
     ("cached_tokens", "int32"),
@@ -75,6 +77,7 @@ def provenance(record: Mapping[str, Any]) -> dict[str, Any]:
         "model": _str(record.get("model")),
         "server": _str(record.get("server")),
         "server_version": _str(record.get("server_version")),
+        "weight_version": _str(record.get("weight_version")),
         "prompt_tokens": _int(usage.get("prompt_tokens")),
         "completion_tokens": _int(usage.get("completion_tokens")),
         "cached_tokens": _int(details.get("cached_tokens")),

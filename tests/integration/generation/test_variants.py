@@ -21,7 +21,7 @@ MIX = {"temperature": [0.6, 1.0], "enable_thinking": [True, False]}
 def test_each_prompt_goes_out_with_its_variant_and_thinking_off_is_budgeted_as_rendered(
     standins, tokenizer_dir, tmp_path, caplog
 ) -> None:
-    servers = standins(1, context_length=2048)
+    servers = standins(1, context_length=2048, reasoning_parser="qwen3")
     tok = load_tokenizer(str(tokenizer_dir))
     sent: collections.Counter[bool] = collections.Counter()
 
@@ -49,4 +49,8 @@ def test_each_prompt_goes_out_with_its_variant_and_thinking_off_is_budgeted_as_r
         assert thinks == want["enable_thinking"], rec["id"]
         seen[rec["sampling"]["variant"]] += 1
         assert rec["server_version"] == "0.5.23"  # as the server's /server_info says
+        assert rec["weight_version"] == "default"  # the answer's own metadata
+        # The server's count of the think block's ids (a reasoning parser is configured).
+        reasoning = rec["usage"]["reasoning_tokens"]
+        assert (reasoning > 0) == want["enable_thinking"]
     assert len(seen) == 4

@@ -328,6 +328,7 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
             ("model", pa.string()),
             ("server", pa.string()),
             ("server_version", pa.string()),
+            ("weight_version", pa.string()),
             ("prompt_tokens", pa.int32()),
             ("completion_tokens", pa.int32()),
             ("cached_tokens", pa.int32()),
