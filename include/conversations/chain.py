@@ -205,6 +205,16 @@ def end_conversation(state: ChainState, reason: str, detail: str = "") -> ChainS
     return replace(state, end=End(reason, detail))
 
 
+def turns_left(state: ChainState) -> int:
+    """Return how many target turns the conversation would still take if none diverged."""
+    if state.end is not None:
+        return 0
+    n, index = 0, state.next_index
+    while (group := _group(state.source, index)) is not None:
+        n, index = n + 1, group[2]
+    return n
+
+
 def count_ends(states: Iterable[ChainState]) -> collections.Counter[str]:
     """Return how many conversations ended for each reason (every reason present)."""
     counts = collections.Counter(dict.fromkeys(END_REASONS, 0))

@@ -41,6 +41,9 @@ TURN_SLACK = 2
 #: How far above the least-loaded server's window load a conversation's server may be and
 #: keep its next turn (``affinity.choose_server``'s ``busier_by``).
 BUSIER_BY = 0.5
+#: Turns waiting for a server that rests stay this long before they move: a rest after a
+#: blip (one slow health probe) ends in seconds, and the server still holds the histories.
+REST_GRACE_S = 10.0
 
 
 def is_conversation(prompt: Mapping[str, Any]) -> bool:
@@ -64,6 +67,8 @@ class Conversations:
     #: Turns waiting for the server that answered their conversation's previous turn.
     homes: dict[str, collections.deque[Any]] = field(default_factory=dict)
     moves: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: When each server with waiting turns was first seen resting (the grace's start).
+    resting_since: dict[str, float] = field(default_factory=dict)
     kept: int = 0
     turns_done: int = 0
     cached_tokens: int = 0
@@ -109,6 +114,15 @@ class Conversations:
                                                             budget.detail)
             return self.states[prompt_id].end  # type: ignore[return-value]
         return request, budget.prompt_tokens, budget.max_tokens
+
+    def longest_first(self, prompts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """Return ``prompts`` with the conversations that have the most turns left first
+        (single prompts after them, in order): a chain's turns are sequential, so the
+        longest ones started last would leave the servers idle at the end of the shard."""
+        def left(p: Mapping[str, Any]) -> int:
+            state = self.states.get(p["id"])
+            return -chain.turns_left(state) if state is not None else 0
+        return sorted(prompts, key=left)
 
     def previous_server(self, prompt_id: str) -> str | None:
         """Return the server that answered the conversation's previous turn (None: first)."""
@@ -182,6 +196,11 @@ class Conversations:
             self.homes.setdefault(choice.url, collections.deque()).append(item)
             self.kept += 1
             return
+        if previous is not None and choice.reason == "resting":
+            # Waits for it through a short rest (``take`` moves it after REST_GRACE_S).
+            self.homes.setdefault(previous, collections.deque()).append(item)
+            self.kept += 1
+            return
         if choice.moved:
             self.moves[choice.reason] += 1
         pending.append(item)
@@ -197,14 +216,21 @@ class Conversations:
         if not self.homes:
             return None
         by_url = {s.url: s for s in servers}
+        now = time.monotonic()
         for url in [u for u, q in self.homes.items() if q]:
             server = by_url.get(url)
-            if server is None or server.state != IN_ROTATION:
-                reason = "gone" if server is None else (
-                    "ejected" if server.state == "ejected" else "resting")
-                queue = self.homes.pop(url)
-                self.moves[reason] += len(queue)
-                pending.extend(queue)
+            if server is not None and server.state == IN_ROTATION:
+                self.resting_since.pop(url, None)
+                continue
+            reason = "gone" if server is None else (
+                "ejected" if server.state == "ejected" else "resting")
+            if reason == "resting" and now - self.resting_since.setdefault(url, now) \
+                    < REST_GRACE_S:
+                continue
+            queue = self.homes.pop(url)
+            self.resting_since.pop(url, None)
+            self.moves[reason] += len(queue)
+            pending.extend(queue)
         ready = [s for s in servers if self.homes.get(s.url) and s.free > 0]
         if ready:
             server = max(ready, key=lambda s: s.free)

@@ -100,6 +100,7 @@ class _Run(ConversationSteps):
         self.wake = asyncio.Event()
         self.started = time.monotonic()
         self.last_dispatch_s = 0.0
+        self._length_warned: set[tuple[str, int]] = set()
         self.conv = Conversations(
             lambda messages: self.count_tokens([list(messages)])[0], self._context_length,
             config.max_tokens, config.context_margin, config.min_completion_tokens,
@@ -163,7 +164,9 @@ class _Run(ConversationSteps):
                 await self.pool.discover(session)
             except PermissionError as exc:
                 raise GenerationError(f"{self.shard_id}: {exc}") from None
-            self.unplanned = collections.deque(todo)
+            # The longest chains first: the last conversations' sequential turns are the tail.
+            self.unplanned = collections.deque(
+                self.conv.longest_first(todo) if self.conv is not None else todo)
             self._plan_more()
             self.pool.start(session)
             progress = asyncio.create_task(self._progress_loop())
@@ -188,7 +191,9 @@ class _Run(ConversationSteps):
         reported = {s.url: s.context_length for s in self.pool.servers if s.context_length}
         context = self.cfg.context_length
         for url, value in reported.items():
-            if value != context:
+            # Said once per server: whole conversations ask again for every turn.
+            if value != context and (url, value) not in self._length_warned:
+                self._length_warned.add((url, value))
                 log.warning("server %s reports max_model_len %d but context_length is %d; "
                             "budgets use the smaller", url, value, context)
         return min([context, *reported.values()])
@@ -308,7 +313,7 @@ class _Run(ConversationSteps):
             # The pool ejected the server (gone); the attempt does not count against the prompt.
             # One line per ejection names the count: not one per request taken back.
             self.tally.retries[SERVER_EJECTED] += 1
-            self.pending.appendleft(item)
+            self._requeue(item, front=True)
             return
         try:
             self._handle(task.result(), server, item, seq)
@@ -383,14 +388,14 @@ class _Run(ConversationSteps):
     def _retry_later(self, item: _Item, delay_s: float | None) -> None:
         if delay_s is None:
             # The failing server rests, so sending it again now causes no storm against it.
-            self.pending.append(item)
+            self._requeue(item)
             return
         delay = delay_s * random.uniform(0.5, 1.5)  # jitter: retries from many prompts do not align
         self.delayed += 1
 
         def requeue() -> None:
             self.delayed -= 1
-            self.pending.append(item)
+            self._requeue(item)
             self.wake.set()
 
         asyncio.get_running_loop().call_later(delay, requeue)

@@ -24,6 +24,7 @@ class ConversationSteps:
     tally: Any
     journal: Any
     pending: Any
+    pool: Any
 
     def _context_length(self) -> int:  # provided by the engine
         raise NotImplementedError
@@ -96,3 +97,14 @@ class ConversationSteps:
         self.tally.finish(record)
         if record.get("finish_reason") == "length":
             self.tally.truncated += 1
+
+    def _requeue(self, item: Any, front: bool = False) -> None:
+        # A conversation's turn goes back through affinity: to the server holding its
+        # history, or elsewhere as a counted move when that server rests or is gone.
+        if item.messages is not None and self.conv is not None:
+            self.conv.place(item, self.conv.previous_server(item.record["id"]),
+                            self.pool.servers, self.pending)
+        elif front:
+            self.pending.appendleft(item)
+        else:
+            self.pending.append(item)

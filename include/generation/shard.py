@@ -151,6 +151,7 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
         "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
         "requests": outcome.requests, "retries": outcome.retries,
         "retried_failures": outcome.retried_failures, "servers": outcome.servers,
+        **({"conversations": outcome.conversations} if outcome.conversations else {}),
     }
 
 
@@ -310,7 +311,7 @@ def publish_shard(
         manifest["generation"] = {k: generation[k] for k in
                                   ("elapsed_s", "resumed", "output_tokens", "requests",
                                    "retries", "servers", "settings_fingerprint",
-                                   "regeneration")
+                                   "regeneration", "conversations")
                                   if k in generation}
     if token:
         # Again after the journal read, which can take a while. Past this point a newer
