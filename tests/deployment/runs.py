@@ -219,3 +219,43 @@ class ServerWatch(threading.Thread):
         self._stop_event.set()
         self.join()
         self.sample()  # the state at the end, whatever the last interval missed
+
+
+def journal_records(s3: Any, journal_prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """Return every record in a shard's journal segments (final records and conversation
+    turns alike), each with the writer (one generate try) whose segment holds it."""
+    out = []
+    for key in object_keys(s3, journal_prefix):
+        match = re.search(r"/part-\d+-([0-9a-f]+)-\d+\.jsonl$", key)
+        if not match:
+            continue
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        out += [(match[1], json.loads(line)) for line in body.splitlines() if line.strip()]
+    return out
+
+
+def conversation_shards(s3: Any, run_name: str) -> dict[str, dict[str, Any]]:
+    """Return, per shard holding whole conversations, its generated conversation records
+    (``records``), its journal's records with their writers (``journal``), its
+    tokenized row ids (``rows``) and its tokenized manifest (``manifest``)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    run = f"runs/{run_name}/"
+    out = {}
+    for key in sorted(object_keys(s3, run + "generated/shard-")):
+        match = re.search(r"(shard-\d+)\.jsonl$", key)
+        if not match:
+            continue
+        shard = match[1]
+        records = [r for r in object_lines(s3, key, ".jsonl") if r.get("turns") == "all"]
+        if not records:
+            continue
+        parquet = s3.get_object(Bucket=BUCKET, Key=f"{run}tokenized/{shard}.parquet")
+        table = pq.read_table(io.BytesIO(parquet["Body"].read()), columns=["id"])
+        manifest = s3.get_object(Bucket=BUCKET, Key=f"{run}tokenized/{shard}.manifest.json")
+        out[shard] = {"records": records, "journal": journal_records(s3, f"{run}journal/{shard}/"),
+                      "rows": table["id"].to_pylist(),
+                      "manifest": json.loads(manifest["Body"].read())}
+    return out

@@ -3,10 +3,11 @@ Redis, S3 and a GPU host over SSH, all started natively (``./dev up``'s tier, on
 
 Each scenario triggers a run through the REST API with a user's token and ends with the run
 succeeded and every prompt exactly once in the outputs in S3; together their tasks run on both
-Celery workers. Faults: a worker SIGKILLed mid-``generate``, the scheduler and the triggerer
-SIGKILLed and started again, two runs of one ``run_name`` at once on the same servers, a GPU
-server SIGKILLed and then a brownout of the others (the stand-ins' faults are switched through
-``Tier.set_faults``, see ``sglang_standin.switchboard``).
+Celery workers. Faults: a worker SIGKILLed mid-``generate`` (of single-turn prompts and whole
+conversations, ``turns: all``), the scheduler and the triggerer SIGKILLed and started again,
+two runs of one ``run_name`` at once on the same servers, a GPU server SIGKILLed and then a
+brownout of the others (the stand-ins' faults are switched through ``Tier.set_faults``, see
+``sglang_standin.switchboard``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
 
+from include.conversations.chain import END_REASONS
+from include.settings.deployment import bundled_catalogue
 from scripts.deploy import DAG_ID, WORKERS, Tier
 from scripts.deploy_api import AirflowApi, unix_time
 from tests.deployment.runs import (
@@ -26,6 +30,7 @@ from tests.deployment.runs import (
     ServerWatch,
     assert_every_prompt_exactly_once,
     assert_run_succeeded,
+    conversation_shards,
     failure_report,
     log_events,
     object_lines,
@@ -41,8 +46,9 @@ pytestmark = [pytest.mark.deployment, pytest.mark.integration, pytest.mark.timeo
 
 
 def _generate_in_progress(tier: Tier, api: AirflowApi, s3: Any, run_id: str, run_name: str,
-                          timeout: float = 300.0) -> dict[str, Any]:
-    """Return a running generate task instance whose shard is journaled but not half done."""
+                          timeout: float = 300.0, turns: bool = False) -> dict[str, Any]:
+    """Return a running generate task instance whose shard is journaled but not half done
+    (``turns``: and whose journal holds a conversation's turn)."""
     deadline = time.monotonic() + timeout
     plan: list[dict[str, Any]] | None = None
     while time.monotonic() < deadline:
@@ -55,9 +61,12 @@ def _generate_in_progress(tier: Tier, api: AirflowApi, s3: Any, run_id: str, run
                     or ti["hostname"] not in WORKERS:
                 continue
             shard = shard_of(plan, ti)
-            done = len(object_lines(s3, f"runs/{run_name}/journal/{shard}/", ".jsonl"))
+            lines = object_lines(s3, f"runs/{run_name}/journal/{shard}/", ".jsonl")
+            # Final records only (a conversation's turn records are not prompts finished).
+            done = sum("kind" not in r for r in lines)
             total = len(object_lines(s3, f"runs/{run_name}/prompts/{shard}.jsonl", ".jsonl"))
-            if 0 < done < total / 2:
+            turned = not turns or any(r.get("kind") == "conversation_turn" for r in lines)
+            if 0 < done < total / 2 and turned:
                 return ti
         if api.run_state(DAG_ID, run_id) in ("success", "failed"):
             break
@@ -65,14 +74,17 @@ def _generate_in_progress(tier: Tier, api: AirflowApi, s3: Any, run_id: str, run
     pytest.fail(f"no generate task was caught mid-shard:\n{failure_report(tier, api, run_id)}")
 
 
-def test_a_worker_killed_mid_generate_is_retried_on_the_other_worker(
-    tier: Tier, api: AirflowApi, s3: Any
-) -> None:
+def _kill_a_worker_mid_generate(tier: Tier, api: AirflowApi, s3: Any, run_name: str,
+                                turns: bool = False, **settings: Any
+                                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Trigger a run, SIGKILL the worker of a generate caught mid-shard (``turns``: once its
+    journal holds a conversation's turn), wait for the run; return the killed try and what
+    the shard's successful retry returned."""
     # One request in flight per server stretches each shard over tens of seconds.
-    conf = tier.run_conf(run_name="killed", shard_size=150, concurrency_mode="fixed",
-                         in_flight_per_server=1)
+    conf = tier.run_conf(run_name=run_name, concurrency_mode="fixed", in_flight_per_server=1,
+                         **settings)
     run_id = api.trigger(DAG_ID, conf)
-    victim_ti = _generate_in_progress(tier, api, s3, run_id, "killed")
+    victim_ti = _generate_in_progress(tier, api, s3, run_id, run_name, turns=turns)
     victim = victim_ti["hostname"]
     survivor = next(w for w in WORKERS if w != victim)
     log_size = tier.procs.log(victim).stat().st_size
@@ -90,12 +102,70 @@ def test_a_worker_killed_mid_generate_is_retried_on_the_other_worker(
         # Resumed from the journal, and generated the rest itself: the killed try stopped.
         total = sum(value["counts"].values())
         assert 0 < value["resumed"] < total, f"retry resumed {value['resumed']} of {total}"
-        assert_every_prompt_exactly_once(s3, "killed")
+        assert_every_prompt_exactly_once(s3, run_name)
+        return killed, value
     finally:
         # Later scenarios get both workers back.
         if tier.procs.pid(victim) is None:
             tier.start_component(victim)
             tier.wait_worker_ready(victim, since=log_size)
+
+
+#: Sources regenerated as whole conversations (``turns: all``) in the killed-worker run: both
+#: multi-turn (Infinity-Instruct's chats go on for several user turns; Hermes' bundled calls
+#: are unreadable, so its chains end ``tool_call_diverged`` after one turn).
+WHOLE = ("infinity_instruct", "hermes_fc")
+
+
+def test_a_worker_killed_mid_generate_is_retried_on_the_other_worker(
+    tier: Tier, api: AirflowApi, s3: Any
+) -> None:
+    """One run of single-turn prompts and whole conversations (``turns: all`` for the
+    multi-turn sources, the issue's killed-worker scenario in ``all`` mode at no extra run):
+    the retry resumes both, going on with each conversation at its next turn; no journaled
+    turn is generated again and none is in the output twice."""
+    sources = [{"name": name, **({"turns": "all"} if name in WHOLE else {})}
+               for name in bundled_catalogue()]
+    killed, value = _kill_a_worker_mid_generate(tier, api, s3, "killed", turns=True,
+                                                shard_size=150, sources=sources)
+    shards = conversation_shards(s3, "killed")
+    assert value["shard_id"] in shards, f"no whole conversation in {value['shard_id']}"
+    for shard, found in shards.items():
+        records = found["records"]
+        for rec in records:
+            indices = [t["index"] for t in rec["turn_results"]]
+            assert indices == list(range(len(indices))), (rec["id"], indices)
+            assert (rec["status"] == "completed") == bool(indices), rec["id"]
+            assert rec["end"]["reason"] in END_REASONS and not rec["end"].get("retryable"), rec
+        # Every finished turn was journaled once, by the killed try or by its retry.
+        turns = [r for _, r in found["journal"] if r.get("kind") == "conversation_turn"]
+        journaled = Counter((r["conversation_id"], r["turn"]) for r in turns)
+        twice = [key for key, n in journaled.items() if n > 1]
+        assert not twice, f"{shard}: turns journaled twice: {twice[:5]}"
+        in_output = Counter((rec["id"], t["index"]) for rec in records
+                            for t in rec["turn_results"])
+        assert in_output == journaled, f"{shard}: the output's turns are not the journal's"
+        rows = found["rows"]
+        assert len(rows) == len(set(rows)), f"{shard}: a tokenized row is there twice"
+        ids = {rec["id"] for rec in records}
+        conversation_rows = [r for r in rows if r.split("#turn-")[0] in ids]
+        counted = found["manifest"]["conversations"]
+        assert counted["conversations"] == sum(bool(r["turn_results"]) for r in records)
+        assert counted["turns"] == len(in_output)
+        assert counted["whole_rows"] + counted["turn_rows"] == len(conversation_rows)
+
+    # The retry sent only what its killed try had not journaled: one first try per turn and
+    # per single-turn answer of its own, none for anything the killed try had journaled.
+    journal = shards[value["shard_id"]]["journal"]
+    writers = {w for w, _ in journal}
+    assert len(writers) == 2, f"{value['shard_id']}: journaled by {sorted(writers)}"
+    retry_writer = max(writers, key=lambda w: w[:8])  # the lease generation: the later try
+    answered = [r for w, r in journal if w == retry_writer and (
+        r.get("kind") == "conversation_turn"
+        or ("kind" not in r and r.get("turns") != "all" and r["status"] != "skipped"))]
+    first_tries = value["requests"] - sum(value["retries"].values())
+    assert first_tries == len(answered), (value, len(answered), killed)
+    assert any(r.get("kind") == "conversation_turn" for w, r in journal if w != retry_writer)
 
 
 def _running_with_work_left(tis: list[dict[str, Any]]) -> bool:
