@@ -25,8 +25,8 @@ from pathlib import Path
 
 from benchmarks.common import Sampler, bench_settings, realistic_prompts, standin_fleet
 from include.generation.shard import generate_shard
+from include.pipeline.plan import stagger
 from include.prompts import MANIFEST_KEY
-from include.prompts.plan import stagger
 from include.prompts.prepare import encode_record, shard_id, shard_key
 from include.settings import RunSettings
 from include.storage import LocalStore
