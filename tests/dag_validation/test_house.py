@@ -163,3 +163,39 @@ def test_only_the_pipeline_and_the_hooks_import_airflow() -> None:
         f"and pass the answer in; module: line): {stray}")
     gone = sorted(set(AIRFLOW_ALLOWED) - set(importers))
     assert not gone, f"no longer import Airflow: drop them from AIRFLOW_ALLOWED: {gone}"
+
+
+#: Folders of ``tests/unit`` that test no package of the same name in ``include/``, and why.
+#: (``tests/unit/sglang`` tests ``include/sglang``: no exception needed.)
+UNIT_FOLDER_EXCEPTIONS: dict[str, str] = {}
+
+
+def misplaced_unit_tests(tests: Path = ROOT / "tests" / "unit",
+                         include: Path = INCLUDE) -> list[str]:
+    """Return the unit test folders naming no ``include`` package, and the files of
+    ``tests/unit/pipeline`` naming no module of ``include/pipeline`` (``test_<module>*.py``)."""
+    out = [f"tests/unit/{d.name}/" for d in sorted(tests.iterdir())
+           if d.is_dir() and d.name != "__pycache__" and d.name not in UNIT_FOLDER_EXCEPTIONS
+           and not (include / d.name / "__init__.py").is_file()]
+    modules = {p.stem for p in (include / "pipeline").glob("*.py")} - {"__init__"}
+    out += [f"tests/unit/pipeline/{f.name}" for f in sorted((tests / "pipeline").glob("test_*.py"))
+            if not any(f.stem == f"test_{m}" or f.stem.startswith(f"test_{m}_")
+                       for m in modules)]
+    return out
+
+
+def test_unit_tests_follow_the_modules_they_test(tmp_path) -> None:
+    misplaced = misplaced_unit_tests()
+    assert not misplaced, (
+        "unit tests not named after what they test: a folder per include/ package, and in "
+        "tests/unit/pipeline test_<module>.py per include/pipeline module (move them, or list "
+        f"a folder in UNIT_FOLDER_EXCEPTIONS with its reason): {misplaced}")
+    (tmp_path / "include" / "pipeline").mkdir(parents=True)
+    (tmp_path / "include" / "pipeline" / "__init__.py").touch()
+    (tmp_path / "include" / "pipeline" / "plan.py").touch()
+    for path in ("pipeline/test_plan.py", "pipeline/test_plan_waits.py",
+                 "pipeline/test_planner.py", "prompts/test_x.py"):
+        (tmp_path / "unit" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "unit" / path).touch()
+    assert misplaced_unit_tests(tmp_path / "unit", tmp_path / "include") == [
+        "tests/unit/prompts/", "tests/unit/pipeline/test_planner.py"]

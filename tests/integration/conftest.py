@@ -30,14 +30,17 @@ def dags_test(env: dict[str, str], conf: dict, *, raw: bool = False,
               extra_args: list[str] | None = None) -> subprocess.CompletedProcess:
     """Run the DAG once under ``airflow dags test``; return the finished process.
 
-    ``conf`` is a flat mapping as a test writes it: its deployment settings become the
-    ``REGEN_*`` environment of the run and the rest its trigger conf, unless ``raw`` (then the
-    conf goes to the trigger as it is, e.g. to show deployment settings in it are refused).
+    As in production, ``conf`` is the trigger conf (run settings only: a deployment setting
+    in it is a TypeError, unless ``raw``, which sends it unchecked, e.g. to show that the DAG
+    refuses one) and ``deployment`` the deployment settings, the run's ``REGEN_*``
+    environment; the deployment allows the run's model unless it says otherwise.
     """
-    from tests.fixtures.settings import deployment_env, split
+    from tests.fixtures.settings import DEFAULT_MODEL, check_run_only, deployment_env
 
-    run, dep = (dict(conf), {}) if raw else split(conf)
-    dep.update(deployment or {})
+    run = dict(conf) if raw else check_run_only(conf, "dags_test")
+    dep = dict(deployment or {})
+    if not raw:
+        dep.setdefault("allowed_models", [run.get("model_path") or DEFAULT_MODEL])
     env = {k: v for k, v in env.items() if not k.startswith("REGEN_")}
     env.update(deployment_env(dep))
     return subprocess.run(

@@ -26,9 +26,9 @@ def test_without_sglang_on_the_host_the_gate_fails_with_the_servers_log_tail(
     airflow_env, tmp_path
 ) -> None:
     # Local defaults: the prepare stage works; the GPU host (this machine) has no SGLang.
-    proc = dags_test(airflow_env, {"output_uri": str(tmp_path), "run_name": "it",
-                                   "shard_size": 64, "port_base": free_port_block(8),
-                                   "server_log_dir": str(tmp_path / "logs")})
+    proc = dags_test(airflow_env, {"run_name": "it", "shard_size": 64},
+                     deployment={"output_root": str(tmp_path), "port_base": free_port_block(8),
+                                 "server_log_dir": str(tmp_path / "logs")})
     out = proc.stdout + proc.stderr
     assert "state=failed" in out
     manifest = json.loads((tmp_path / "it" / "prompts" / "manifest.json").read_text())
@@ -76,7 +76,7 @@ def test_a_doomed_run_fails_in_check_settings_before_any_work(
 
 
 def test_values_the_form_can_check_are_refused_when_triggering(airflow_env, tmp_path) -> None:
-    proc = dags_test(airflow_env, {"max_tokens": 0, "run_name": "ok\n"}, raw=True,
+    proc = dags_test(airflow_env, {"max_tokens": 0, "run_name": "ok\n"},
                      deployment={"output_root": str(tmp_path)})
     out = proc.stdout + proc.stderr
     assert "Invalid input for param" in out and proc.returncode != 0
@@ -102,7 +102,7 @@ def test_a_run_maps_more_than_1024_shards_where_the_deployment_allows_it(
                          "path": str(tmp_path / "many.jsonl")}]}
     deployment = {"output_root": str(tmp_path / "out"), "data_roots": [str(tmp_path)]}
     # Airflow's default (1,024): refused after preparing, before any server, saying what to do.
-    proc = dags_test(airflow_env, conf, raw=True, deployment=deployment)
+    proc = dags_test(airflow_env, conf, deployment=deployment)
     out = proc.stdout + proc.stderr
     assert "1100 of the 1100 shards" in out and "core.max_map_length = 1024" in out
     assert "shard_range '0-1023', then '1024-1099'" in out
@@ -112,7 +112,7 @@ def test_a_run_maps_more_than_1024_shards_where_the_deployment_allows_it(
     # the 1,100-item plan the shard task group maps over (it refuses a longer one than its
     # limit when the prepare task returns it). The GPU tasks are marked successful, not run.
     env = {**airflow_env, "AIRFLOW__CORE__MAX_MAP_LENGTH": "2048"}
-    proc = dags_test(env, conf, raw=True, deployment=deployment, extra_args=[
+    proc = dags_test(env, conf, deployment=deployment, extra_args=[
         # Airflow full-matches the pattern against each task id.
         "--mark-success-pattern", r"(?!check_settings$|prepare_prompts$).*"])
     out = proc.stdout + proc.stderr

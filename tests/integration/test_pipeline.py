@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -21,8 +21,7 @@ from tests.fixtures.ports import free_port_block
 from tests.fixtures.s3 import Bucket, moto_endpoint, s3_bucket  # noqa: F401
 from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401
 from tests.fixtures.standins import tokenizer_dir  # noqa: F401
-from tests.integration.conftest import dags_test as _dags_test
-from tests.integration.conftest import failure_excerpt
+from tests.integration.conftest import dags_test, failure_excerpt
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,21 +30,38 @@ STANDIN = shell_launch_command()
 GPUS = [0, 1, 2]
 
 
+class Trigger(NamedTuple):
+    """A run as production gets it: its trigger conf and the deployment it runs on."""
+
+    conf: dict[str, Any]  # run settings
+    deployment: dict[str, Any]  # deployment settings: the run's REGEN_* environment
+
+
 @pytest.fixture
 def run_conf(tokenizer_dir, sshd: SshdServer, s3_bucket: Bucket, tmp_path):  # noqa: F811
-    """Return a builder of trigger confs: servers over SSH, outputs in the test bucket."""
+    """Return a builder of runs: servers over SSH, outputs in the test bucket.
+
+    ``build(run, **deployment)``: ``run`` overrides run settings, the keywords deployment
+    settings (``api_key`` becomes the servers' connection).
+    """
     base = free_port_block(len(GPUS))
 
-    def build(**overrides: Any) -> dict[str, Any]:
+    def build(run: dict[str, Any] | None = None, **deployment: Any) -> Trigger:
         conf = {
             "run_name": "expansion_v1",
-            "output_uri": f"{s3_bucket.uri}/runs",
-            "s3_conn_id": s3_bucket.endpoint.conn_id,
             "shard_size": 80,
             "model_path": str(tokenizer_dir),
             "served_model_name": "Qwen/Qwen3.6-27B",
             "context_length": 8192,
             "max_tokens": 2048,
+            "launch_timeout_s": 60,
+            "progress_interval_s": 2,
+            "health_interval_s": 0.5,
+            **(run or {}),
+        }
+        env = {
+            "output_root": f"{s3_bucket.uri}/runs",
+            "s3_conn_id": s3_bucket.endpoint.conn_id,
             "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": sshd.conn_id, "gpus": GPUS}],
             "port_base": base,
             "server_launch_command": STANDIN,
@@ -53,15 +69,16 @@ def run_conf(tokenizer_dir, sshd: SshdServer, s3_bucket: Bucket, tmp_path):  # n
             "extra_server_args": ["--enable-metrics", "--standin-time-scale", "0.02",
                                   "--standin-median-output-tokens", "150",
                                   "--standin-warmup-seconds", "0.5"],
-            "launch_timeout_s": 60,
-            "progress_interval_s": 2,
-            "health_interval_s": 0.5,
+            **deployment,
         }
-        conf.update(overrides)
-        return conf
+        return Trigger(conf, env)
 
     build.base = base  # type: ignore[attr-defined]
     return build
+
+
+def _dags_test(env: dict[str, str], trigger: Trigger) -> subprocess.CompletedProcess:
+    return dags_test(env, trigger.conf, deployment=trigger.deployment)
 
 
 def _keys(bucket: Bucket, prefix: str) -> dict[str, bytes]:
@@ -111,15 +128,16 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     for key, data in originals.items():
         s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=data)
     key = "sk-regen-" + os.urandom(8).hex()
-    sampled_dir = Path(run_conf()["server_log_dir"]).parent / "sampled"
-    conf = run_conf(  # the key: a deployment's connection, never the run's conf
-        api_key=key, enable_thinking=True,
+    sampled_dir = Path(run_conf().deployment["server_log_dir"]).parent / "sampled"
+    trigger = run_conf(  # the key: a deployment's connection, never the run's conf
+        {"enable_thinking": True}, api_key=key,
         # Some words sampled as a non-canonical split of the same text (a model may): the rows
         # must still be those ids, which a re-tokenization of the text would not give.
-        extra_server_args=[*run_conf()["extra_server_args"], "--standin-noncanonical-rate",
-                           "0.01", "--standin-sampled-log-dir", str(sampled_dir)],
+        extra_server_args=[*run_conf().deployment["extra_server_args"],
+                           "--standin-noncanonical-rate", "0.01",
+                           "--standin-sampled-log-dir", str(sampled_dir)],
     )
-    proc = _dags_test(airflow_env, conf)
+    proc = _dags_test(airflow_env, trigger)
     _ok(proc)
     assert _keys(s3_bucket, "completions/") == originals
     # The servers' key is nowhere a person or another run could read it: not in the task
@@ -171,7 +189,7 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
     assert "preflight prompt" in out and "healthy and serving the run's model" in out
     from transformers import AutoTokenizer
 
-    think_close = AutoTokenizer.from_pretrained(conf["model_path"]).convert_tokens_to_ids(
+    think_close = AutoTokenizer.from_pretrained(trigger.conf["model_path"]).convert_tokens_to_ids(
         "</think>")
     _rows_are_the_sampled_ids(run, prompts, sampled_dir, think_close)
     _the_card_loads_the_dataset(run, prompts)
@@ -235,7 +253,7 @@ def _rows_are_the_sampled_ids(run: dict[str, bytes], prompts: dict, sampled_dir:
 def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
     airflow_env, run_conf, s3_bucket: Bucket  # noqa: F811
 ) -> None:
-    _ok(_dags_test(airflow_env, run_conf(shard_range="1-2")))
+    _ok(_dags_test(airflow_env, run_conf({"shard_range": "1-2"})))
     run = _keys(s3_bucket, "runs/expansion_v1/")
     generated = sorted(k for k in run if k.startswith("runs/expansion_v1/tokenized/")
                        and k.endswith(".manifest.json"))
@@ -243,7 +261,7 @@ def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
                          for i in (1, 2)]
     before = {k: v for k, v in run.items() if "/generated/" in k}
 
-    proc = _dags_test(airflow_env, run_conf(shard_range="0-3"))
+    proc = _dags_test(airflow_env, run_conf({"shard_range": "0-3"}))
     _ok(proc)
     out = proc.stdout + proc.stderr
     assert "reusing" in out and "2 already complete and skipped" in out
@@ -252,7 +270,7 @@ def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
     assert "runs/expansion_v1/tokenized/shard-00000.manifest.json" in after
     assert "runs/expansion_v1/tokenized/shard-00003.manifest.json" in after
 
-    proc = _dags_test(airflow_env, run_conf(shard_range="1", force_regenerate=True))
+    proc = _dags_test(airflow_env, run_conf({"shard_range": "1", "force_regenerate": True}))
     _ok(proc)
     again = _keys(s3_bucket, "runs/expansion_v1/")
     assert {k: again[k] for k in before} == before  # never over the old outputs
@@ -261,9 +279,9 @@ def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
     assert len(regenerated) == 1
 
     # A backfill with nothing left to do needs no GPU: no server is launched.
-    log_dir = Path(run_conf()["server_log_dir"])
+    log_dir = Path(run_conf().deployment["server_log_dir"])
     logs_before = sorted(p.name for p in log_dir.glob("*")) if log_dir.exists() else []
-    proc = _dags_test(airflow_env, run_conf(shard_range="0-3"))
+    proc = _dags_test(airflow_env, run_conf({"shard_range": "0-3"}))
     _ok(proc)
     out = proc.stdout + proc.stderr
     assert "4 already complete and skipped" in out
@@ -275,11 +293,11 @@ def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
 def test_a_server_killed_mid_run_loses_nothing(
     airflow_env, run_conf, s3_bucket: Bucket, tmp_path  # noqa: F811
 ) -> None:
-    conf = run_conf(extra_server_args=["--enable-metrics", "--standin-time-scale", "0.2",
-                                       "--standin-median-output-tokens", "150",
-                                       "--standin-warmup-seconds", "0.5"],
-                    shard_range="0-1")
-    pid_file = Path(conf["server_log_dir"]) / f"server-{run_conf.base + 1}.pid"
+    trigger = run_conf({"shard_range": "0-1"},
+                       extra_server_args=["--enable-metrics", "--standin-time-scale", "0.2",
+                                          "--standin-median-output-tokens", "150",
+                                          "--standin-warmup-seconds", "0.5"])
+    pid_file = Path(trigger.deployment["server_log_dir"]) / f"server-{run_conf.base + 1}.pid"
     killed: list[int] = []
 
     def kill_when_busy() -> None:
@@ -295,7 +313,7 @@ def test_a_server_killed_mid_run_loses_nothing(
 
     killer = threading.Thread(target=kill_when_busy, daemon=True)
     killer.start()
-    proc = _dags_test(airflow_env, conf)
+    proc = _dags_test(airflow_env, trigger)
     killer.join(5)
     _ok(proc)
     assert killed, "the test never found a server to kill mid-run"
@@ -315,8 +333,8 @@ def test_a_failed_run_still_stops_the_servers_it_started(
 ) -> None:
     # Every answer is cut at 16 tokens and no truncation is tolerated: the servers run, the
     # shards finish, and the report's quality gate fails the run.
-    conf = run_conf(shard_range="0", max_tokens=16, max_truncation_rate=0.0)
-    proc = _dags_test(airflow_env, conf)
+    trigger = run_conf({"shard_range": "0", "max_tokens": 16, "max_truncation_rate": 0.0})
+    proc = _dags_test(airflow_env, trigger)
     out = proc.stdout + proc.stderr
     assert "state=failed" in out
     assert "max_truncation_rate" in out  # the error names the gate's setting

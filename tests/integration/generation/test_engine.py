@@ -16,7 +16,7 @@ from include.generation.engine import GenerationError, run_shard
 from include.generation.journal import FileJournal, StoreJournal
 from include.generation.shard import generate_shard, load_journal_records
 from include.storage import LocalStore
-from tests.fixtures.settings import deployment_env, run_settings, split
+from tests.fixtures.settings import deployment_env, run_settings
 from tests.integration.generation.helpers import (
     ROOT,
     assert_accounted,
@@ -169,15 +169,14 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     run_root = tmp_path / "out" / "r"
     store = LocalStore(run_root)
     write_shard(store, prompts)
-    settings = {"output_uri": str(tmp_path / "out"), "run_name": "r",
-                "tokenizer_path": str(tokenizer_dir), "model_path": "test-model",
-                "max_tokens": 128, "min_completion_tokens": 16, "context_length": 4096,
-                "concurrency_mode": "fixed", "in_flight_per_server": 8,
-                "health_interval_s": 0.5, "progress_interval_s": 1}
+    run = {"run_name": "r", "tokenizer_path": str(tokenizer_dir), "model_path": "test-model",
+           "max_tokens": 128, "min_completion_tokens": 16, "context_length": 4096,
+           "concurrency_mode": "fixed", "in_flight_per_server": 8,
+           "health_interval_s": 0.5, "progress_interval_s": 1}
+    deployment = {"output_root": str(tmp_path / "out"), "allowed_models": ["test-model"]}
     # The CLI takes the run's settings; the deployment's come from its environment.
-    run_part, deployment_part = split(settings)
-    (tmp_path / "settings.json").write_text(json.dumps(run_part))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **deployment_env(deployment_part))
+    (tmp_path / "settings.json").write_text(json.dumps(run))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **deployment_env(deployment))
     command = [sys.executable, "-m", "include.generation", "--shard", "shard-00000",
                "--servers", ",".join(s.url for s in servers), "--settings",
                str(tmp_path / "settings.json")]
@@ -201,7 +200,7 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     assert "shard-00000: 150 prompts, 0 already finished" in log_text
     assert "shard-00000 progress: " in log_text
 
-    summary = generate_shard(run_settings(settings), "shard-00000",
+    summary = generate_shard(run_settings(run, **deployment), "shard-00000",
                              [s.url for s in servers], store)
     assert summary["resumed"] == len(before)
     records = load_journal_records(store, "shard-00000")

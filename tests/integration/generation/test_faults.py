@@ -187,12 +187,12 @@ def test_failures_an_outage_journaled_are_tried_again_on_resume_and_replaced(
     store = LocalStore(tmp_path / "out" / "r")
     write_shard(store, prompts)
     settings = run_settings({
-        "output_uri": str(tmp_path / "out"), "run_name": "r",
+        "run_name": "r",
         "tokenizer_path": str(tokenizer_dir), "model_path": "test-model", "max_tokens": 128,
         "min_completion_tokens": 16, "context_length": 4096, "concurrency_mode": "fixed",
         "in_flight_per_server": 8, "health_interval_s": 0.3, "progress_interval_s": 1,
         "max_attempts": 1,  # so the outage's first failure on each server is recorded
-    })
+    }, output_root=str(tmp_path / "out"))
     fast = {"all_down_timeout_s": 1.0, "cool_down_s": 0.2, "cool_down_max_s": 0.5,
             "backoff_base_s": 0.05}
     with pytest.raises(GenerationError, match="no server in rotation"):

@@ -35,12 +35,13 @@ FAST = {"all_down_timeout_s": 5.0, "cool_down_s": 0.2, "cool_down_max_s": 0.5,
         "backoff_base_s": 0.05}
 
 
-def _settings(tmp_path, tokenizer_dir) -> dict:
-    return {"output_uri": str(tmp_path / "out"), "run_name": "r",
-            "tokenizer_path": str(tokenizer_dir), "model_path": "test-model",
-            "max_tokens": 128, "min_completion_tokens": 16, "context_length": 4096,
-            "concurrency_mode": "fixed", "in_flight_per_server": 4,
-            "health_interval_s": 0.3, "progress_interval_s": 1}
+def _settings(tmp_path, tokenizer_dir) -> tuple[dict, dict]:
+    """Return (run settings, deployment settings) of the lease tests' run."""
+    run = {"run_name": "r", "tokenizer_path": str(tokenizer_dir), "model_path": "test-model",
+           "max_tokens": 128, "min_completion_tokens": 16, "context_length": 4096,
+           "concurrency_mode": "fixed", "in_flight_per_server": 4,
+           "health_interval_s": 0.3, "progress_interval_s": 1}
+    return run, {"output_root": str(tmp_path / "out")}
 
 
 @pytest.fixture
@@ -54,7 +55,8 @@ def shard(standins, tokenizer_dir, tmp_path):
 
 
 def _generate(store, urls, values, run_id, is_live, **kw):
-    return generate_shard(run_settings(values), SHARD, urls, store, run_id=run_id,
+    run, deployment = values
+    return generate_shard(run_settings(run, **deployment), SHARD, urls, store, run_id=run_id,
                           is_live=is_live, **FAST, **kw)
 
 
@@ -132,9 +134,10 @@ import inspect, json, sys
 from include.generation.shard import generate_shard
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
-values, urls = json.loads(sys.argv[1]), sys.argv[2].split(",")
+run, deployment = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+urls = sys.argv[3].split(",")
 ttl = {"lease_ttl_s": 2.0} if "lease_ttl_s" in inspect.signature(generate_shard).parameters else {}
-generate_shard(run_settings(values), "shard-00000", urls, LocalStore(sys.argv[3]),
+generate_shard(run_settings(run, **deployment), "shard-00000", urls, LocalStore(sys.argv[4]),
                run_id="run-a", is_live=lambda r: True, **ttl)
 """
 
@@ -144,7 +147,7 @@ def test_a_dead_try_of_a_live_run_blocks_a_backfill_for_seconds_not_hours(
 ) -> None:
     store, urls, values, _ = shard
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", _DEAD_TRY, json.dumps(values),
+    proc = subprocess.Popen([sys.executable, "-c", _DEAD_TRY, *map(json.dumps, values),
                              ",".join(urls), store.root], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -38,7 +38,7 @@ from sglang_standin.process import shell_launch_command
 from sglang_standin.switchboard import write_faults
 from tests.fixtures.airflow_server import AirflowServer, airflow_server
 from tests.fixtures.ports import free_port_block
-from tests.fixtures.settings import deployment_env, split
+from tests.fixtures.settings import deployment_env
 from tests.integration.plugins.browser import Browser, BrowserError, chromium_path
 from tests.integration.reporting.real_run import build_run, run_settings, start_servers
 
@@ -274,19 +274,23 @@ WATCHED_HOLD_TIME_SCALE = 1.0
 
 
 def _watched_conf(small_run: dict[str, Any], tokenizer_dir: Path, tmp: Path,
-                  fault_file: Path) -> dict[str, Any]:
-    """The flat conf of the watched run: one shard of the sample prompts, one server that
-    follows ``fault_file``."""
-    return {
-        "output_uri": small_run["root"], "run_name": "watched", "shard_size": 100,
-        "shard_range": "0", "model_path": str(tokenizer_dir),
-        "served_model_name": "Qwen/Qwen3.6-27B", "context_length": 800, "max_tokens": 300,
-        "min_completion_tokens": 64, "max_truncation_rate": 1.0, "progress_interval_s": 2,
+                  fault_file: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The watched run's trigger conf and deployment: one shard of the sample prompts, one
+    server that follows ``fault_file``."""
+    run = {
+        "run_name": "watched", "shard_size": 100, "shard_range": "0",
+        "model_path": str(tokenizer_dir), "served_model_name": "Qwen/Qwen3.6-27B",
+        "context_length": 800, "max_tokens": 300, "min_completion_tokens": 64,
+        "max_truncation_rate": 1.0, "progress_interval_s": 2, "launch_timeout_s": 60,
+    }
+    deployment = {
+        "output_root": small_run["root"], "allowed_models": [str(tokenizer_dir)],
         "gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}], "port_base": free_port_block(1),
         "server_launch_command": shell_launch_command(module="sglang_standin.switchboard"),
-        "server_log_dir": str(tmp / "servers"), "launch_timeout_s": 60,
+        "server_log_dir": str(tmp / "servers"),
         "extra_server_args": [*WATCHED_SERVER_ARGS, "--standin-fault-file", str(fault_file)],
     }
+    return run, deployment
 
 
 def _airflow_runs(state: Any) -> list[dict[str, Any]]:
@@ -334,7 +338,7 @@ def watched_run(simple, small_run, tokenizer_dir, tmp_path_factory) -> dict[str,
     tmp = tmp_path_factory.mktemp("watched")
     fault_file = tmp / "faults.json"
     write_faults(fault_file, time_scale=WATCHED_HOLD_TIME_SCALE)
-    run, deployment = split(_watched_conf(small_run, tokenizer_dir, tmp, fault_file))
+    run, deployment = _watched_conf(small_run, tokenizer_dir, tmp, fault_file)
     env = {**simple.env, **deployment_env(deployment),
            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "REGEN_MAX_ACTIVE_SHARDS": "1"}
     out_path = tmp / "dags-test.log"

@@ -41,14 +41,14 @@ def start_servers(tokenizer_dir: Path, n: int = 2) -> list[StandinProcess]:
     return procs
 
 
-def run_settings(output_uri: Path, tokenizer_dir: Path, **overrides: Any) -> RunSettings:
-    """Return the settings of the small run."""
+def run_settings(output_root: Path, tokenizer_dir: Path, **overrides: Any) -> RunSettings:
+    """Return the settings of the small run under ``output_root`` (``overrides``: run settings)."""
     return bound_settings({
-        "output_uri": str(output_uri), "run_name": "small", "shard_size": 100,
+        "run_name": "small", "shard_size": 100,
         "model_path": str(tokenizer_dir), "served_model_name": "Qwen/Qwen3.6-27B",
         "context_length": CONTEXT_LENGTH, "max_tokens": 300, "min_completion_tokens": 64,
         "max_attempts": 2, "progress_interval_s": 5, "health_interval_s": 1, **overrides,
-    })
+    }, output_root=str(output_root))
 
 
 def build_run(settings: RunSettings, urls: list[str], finish: int | None = None,

@@ -46,29 +46,24 @@ def make_settings(
 ) -> Iterator[SettingsFactory]:
     """Return a factory of launch settings for stand-ins on localhost over real SSH.
 
-    ``hosts`` overrides the GPU hosts (default: one host over SSH with GPUs 0 and 1). The
-    factory's port block is fixed per test, so relaunches reach the same servers.
+    The factory takes run settings (a mapping) and deployment settings (keywords) apart, as
+    production does; ``hosts`` overrides the GPU hosts (default: one host over SSH with GPUs
+    0 and 1). The factory's port block is fixed per test, so relaunches reach the same servers.
     """
     base = free_port_block(4)
     log_dir = tmp_path / "server logs"
     used: list[int] = []
 
-    def factory(hosts: list[dict[str, Any]] | None = None, **values: Any) -> RunSettings:
+    def factory(run: dict[str, Any] | None = None, *,
+                hosts: list[dict[str, Any]] | None = None, **deployment: Any) -> RunSettings:
         hosts = hosts or [{"host": "127.0.0.1", "ssh_conn_id": sshd.conn_id, "gpus": [0, 1]}]
-        merged = {
-            "gpu_hosts": hosts,
-            "port_base": base,
-            "model_path": str(tokenizer_dir),
-            "served_model_name": "standin-qwen",
-            "context_length": 4096,
-            "max_tokens": 1024,
-            "server_log_dir": str(log_dir),
-            "server_launch_command": STANDIN_COMMAND,
-            "extra_server_args": FAST_ARGS,
-            "launch_timeout_s": 60,
-            **values,
-        }
-        settings = run_settings(merged)
+        run = {"model_path": str(tokenizer_dir), "served_model_name": "standin-qwen",
+               "context_length": 4096, "max_tokens": 1024, "launch_timeout_s": 60,
+               **(run or {})}
+        deployment = {"gpu_hosts": hosts, "port_base": base, "server_log_dir": str(log_dir),
+                      "server_launch_command": STANDIN_COMMAND, "extra_server_args": FAST_ARGS,
+                      **deployment}
+        settings = run_settings(run, **deployment)
         used.extend(g for h in settings.deployment.gpu_hosts for g in h.gpus)
         return settings
 

@@ -48,7 +48,7 @@ def test_loading_servers_are_leased_by_another_run_and_a_retry_then_gated(
 
     # Another run (which wants another context length, unknowable while loading) and a retry
     # of run A's launch task meet both servers loading: no wait, no failure, a lease each.
-    other = make_settings(hosts=hosts, extra_server_args=loading_args, context_length=2048)
+    other = make_settings({"context_length": 2048}, hosts=hosts, extra_server_args=loading_args)
     b = launch_servers(other, owner=RUN_B)
     retry = launch_servers(run_a, owner=RUN_A)
     assert not any(answers(url) for url in a.urls), "still loading: the test's premise"

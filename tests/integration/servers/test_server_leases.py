@@ -48,8 +48,8 @@ def test_a_backfill_keeps_the_servers_of_the_run_it_shares_them_with(
     assert all(answers(url) for url in a.urls)
 
     # Replacing a server another run leases is refused, even when asked.
-    other = make_settings(hosts=[host([0, 1])], api_key="sk-shared", context_length=2048,
-                          replace_mismatched_servers=True)  # fmt: skip
+    other = make_settings({"context_length": 2048, "replace_mismatched_servers": True},
+                          hosts=[host([0, 1])], api_key="sk-shared")  # fmt: skip
     refused = launch_servers(other, owner="regenerate_drafter_data/run C")
     assert [s.action for s in refused.servers] == ["mismatched", "mismatched"]
     assert "lease it" in refused.servers[0].detail and RUN_B in refused.servers[0].detail

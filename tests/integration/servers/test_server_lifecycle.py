@@ -110,7 +110,7 @@ def test_cold_start_gate_reuse_preflight_and_teardown(
         sensor_for(targets[0], wrong_key, deferrable=False).execute({})
 
     # max_tokens at the context length is accepted: each request's budget keeps it safe.
-    at_context = make_settings(hosts=hosts, api_key=key, max_tokens=4096)
+    at_context = make_settings({"max_tokens": 4096}, hosts=hosts, api_key=key)
     assert ModelExpectation.from_settings(at_context).max_tokens == 4096
     assert sensor_for(targets[0], at_context, deferrable=False).execute({})
 
@@ -145,12 +145,12 @@ def test_mismatch_is_reported_and_replaced_only_when_asked(
 ) -> None:
     one_gpu = [{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0]}]
     # Launched without a run (no lease): nobody is using it, so it may be replaced.
-    old = launch_servers(make_settings(hosts=one_gpu, context_length=4096))
+    old = launch_servers(make_settings({"context_length": 4096}, hosts=one_gpu))
     old_pid = old.servers[0].pid
     assert old.servers[0].action == "started"
     assert wait_answering(old.urls[0])
 
-    wanted = make_settings(hosts=one_gpu, context_length=2048)
+    wanted = make_settings({"context_length": 2048}, hosts=one_gpu)
     kept = launch_servers(wanted, owner="new")
     (outcome,) = kept.servers
     assert outcome.action == "mismatched" and not outcome.started_by_this_run
@@ -159,7 +159,8 @@ def test_mismatch_is_reported_and_replaced_only_when_asked(
     assert "replace_mismatched_servers" in outcome.detail
     assert kept.urls == []
 
-    replace = make_settings(hosts=one_gpu, context_length=2048, replace_mismatched_servers=True)
+    replace = make_settings({"context_length": 2048, "replace_mismatched_servers": True},
+                            hosts=one_gpu)
     new = launch_servers(replace, owner="new")
     (outcome,) = new.servers
     assert outcome.action == "replaced" and outcome.started_by_this_run
@@ -174,8 +175,8 @@ def test_server_that_exits_at_start_fails_with_its_log_tail_redacted(
 ) -> None:
     key = "sk-in-the-log-" + uuid.uuid4().hex
     settings = make_settings(
+        {"model_path": "/nonexistent/model-dir"},
         hosts=[{"host": "127.0.0.1", "ssh_conn_id": "ssh_loopback", "gpus": [0]}],
-        model_path="/nonexistent/model-dir",
         api_key=key,
     )
     report = launch_servers(settings)
@@ -204,7 +205,7 @@ def test_deadline_failure_carries_the_log_tail(make_settings: SettingsFactory) -
     settings = make_settings(hosts=hosts, extra_server_args=slow)
     report = launch_servers(settings)
     # The gate's timeout is the run's `launch_timeout_s` (never XCom's).
-    short = make_settings(hosts=hosts, extra_server_args=slow, launch_timeout_s=4)
+    short = make_settings({"launch_timeout_s": 4}, hosts=hosts, extra_server_args=slow)
     with pytest.raises(ServerNotReadyError) as err:
         sensor_for(report.health_targets()[0], short, deferrable=False).execute({})
     text = str(err.value)

@@ -49,15 +49,14 @@ def test_dedupe_against_protected_completions_reads_them_and_writes_nothing(
     _seed(s3_bucket, records)
     before = _objects(s3_bucket)
     location = f"{s3_bucket.uri}/{where}"
-    settings = run_settings({
-        "sources": [{"name": "mm", "path": str(source)}],
-        "source_catalogue": {},
-        "output_uri": str(tmp_path / "out"),
-        "run_name": "t",
-        "dedupe_against": [location],
-        "s3_conn_id": s3_bucket.endpoint.conn_id,  # not aws_default: that one is not defined
-        "dedupe_roots": [f"{s3_bucket.uri}/completions"],
-    })
+    settings = run_settings(
+        {"sources": [{"name": "mm", "path": str(source)}], "run_name": "t",
+         "dedupe_against": [location]},
+        source_catalogue={},
+        output_root=str(tmp_path / "out"),
+        s3_conn_id=s3_bucket.endpoint.conn_id,  # not aws_default: that one is not defined
+        dedupe_roots=[f"{s3_bucket.uri}/completions"],
+    )
     assert settings.deployment.protected_prefixes == ["completions/"]
     check_readable(location, s3_bucket.endpoint.conn_id)
     manifest = prepare_prompts(settings)
@@ -76,7 +75,7 @@ def test_unreadable_dedupe_locations_are_named_with_what_to_do(s3_bucket: Bucket
         check_readable("s3://no-such-bucket-here/completions", conn)
     with pytest.raises(StoreError, match="'no_such_connection'"):
         check_readable(f"{s3_bucket.uri}/completions", "no_such_connection")
-    settings = run_settings({"dedupe_against": [f"{s3_bucket.uri}/nothing-here"],
-                             "s3_conn_id": conn, "dedupe_roots": [s3_bucket.uri]})
+    settings = run_settings({"dedupe_against": [f"{s3_bucket.uri}/nothing-here"]},
+                            s3_conn_id=conn, dedupe_roots=[s3_bucket.uri])
     with pytest.raises(PrepareError, match=r"setting `dedupe_against`: .*nothing-here"):
         load_existing_keys(settings)

@@ -20,10 +20,9 @@ def make_settings(tmp_path: Path) -> Callable[..., RunSettings]:
     also under the bundled samples' names (the catalogue would refuse a path for those).
     """
 
-    def build(sources: list[dict[str, Any]], **overrides: Any) -> RunSettings:
-        values = {"sources": sources, "output_uri": str(tmp_path / "out"), "run_name": "t",
-                  "source_catalogue": {}}
-        values.update(overrides)
-        return run_settings(values)
+    def build(sources: list[dict[str, Any]], **run: Any) -> RunSettings:
+        """Return run settings of ``sources`` and ``run`` (run settings only)."""
+        return run_settings({"sources": sources, "run_name": "t", **run},
+                            output_root=str(tmp_path / "out"), source_catalogue={})
 
     return build

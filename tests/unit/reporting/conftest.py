@@ -12,7 +12,7 @@ from tests.fixtures.settings import run_settings
 @pytest.fixture
 def settings(tmp_path) -> RunSettings:
     """Return settings of a run named ``syn`` under ``tmp_path``."""
-    return run_settings({"output_uri": str(tmp_path), "run_name": "syn"})
+    return run_settings({"run_name": "syn"}, output_root=str(tmp_path))
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def test_a_forced_regeneration_is_its_own_location_and_reports_are_linked(tmp_pa
     write_prompts_manifest(run, shards)
     regen = LocalStore(tmp_path / "syn" / "regenerations" / "manual_1")
     write_shard(regen, "shard-00000", shards["shard-00000"])
-    settings = run_settings({"output_uri": str(tmp_path), "run_name": "syn"})
+    settings = run_settings({"run_name": "syn"}, output_root=str(tmp_path))
     build_report(settings, run, regen, ["shard-00000"], [], run_id="manual_1",
                  gates=QualityGates(max_quarantine_rate=1), plots=False)
     state = RunMonitor(LocalStore(tmp_path)).run_state("syn", now=T0, probe=False)
@@ -200,7 +200,7 @@ def test_every_file_a_report_writes_is_served(tmp_path) -> None:
     run = LocalStore(tmp_path / "syn")
     write_prompts_manifest(run, shards)
     write_shard(run, "shard-00000", shards["shard-00000"])
-    settings = run_settings({"output_uri": str(tmp_path), "run_name": "syn"})
+    settings = run_settings({"run_name": "syn"}, output_root=str(tmp_path))
     build_report(settings, run, run, ["shard-00000"], [], run_id="manual__2026-01-01T00:00:00",
                  gates=QualityGates(max_quarantine_rate=1))
     written = [f"syn/{k}" for k in run.list("report/")]

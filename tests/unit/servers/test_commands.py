@@ -45,9 +45,9 @@ from tests.fixtures.settings import run_settings
 ECHO_ARGV = f"{sys.executable} -c 'import json,os,sys; print(json.dumps([os.environ.get(\"CUDA_VISIBLE_DEVICES\")] + sys.argv[1:]))'"  # noqa: E501
 
 
-def settings(**values: object) -> RunSettings:
-    base: dict[str, object] = {"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}]}
-    return run_settings({**base, **values})
+def settings(run: dict[str, object] | None = None, **deployment: object) -> RunSettings:
+    deployment.setdefault("gpu_hosts", [{"host": "127.0.0.1", "gpus": [0]}])
+    return run_settings(run, **deployment)
 
 
 def sh(
@@ -88,7 +88,7 @@ def test_specs_expand_every_host_and_gpu_in_order() -> None:
 
 
 def test_tensor_parallel_servers_take_consecutive_gpus() -> None:
-    s = settings(tp_size=2, gpu_hosts=[{"host": "h", "gpus": [0, 1, 2, 3]}])
+    s = settings({"tp_size": 2}, gpu_hosts=[{"host": "h", "gpus": [0, 1, 2, 3]}])
     specs = server_specs(s)
     assert [(x.port, x.cuda_devices) for x in specs] == [(30000, (0, 1)), (30002, (2, 3))]
     assert "CUDA_VISIBLE_DEVICES=0,1 " in build_launch_command(specs[0], s)
@@ -104,7 +104,7 @@ def test_tensor_parallel_servers_take_consecutive_gpus() -> None:
 )
 def test_bad_gpu_layouts_name_the_host_and_setting(hosts: list, tp: int, fragment: str) -> None:
     with pytest.raises(ValueError, match="setting `gpu_hosts` \\(h\\)") as err:
-        server_specs(settings(gpu_hosts=hosts, tp_size=tp))
+        server_specs(settings({"tp_size": tp}, gpu_hosts=hosts))
     assert fragment in str(err.value)
 
 
@@ -118,14 +118,10 @@ def test_bind_host_is_loopback_only_for_loopback_hosts() -> None:
 
 def test_launch_command_passes_every_setting_as_one_argument() -> None:
     s = settings(
-        model_path="/models/Qwen 3.6",
-        served_model_name="qwen",
-        context_length=16384,
-        tp_size=1,
-        mem_fraction_static=0.8,
-        reasoning_parser="qwen3",
+        {"model_path": "/models/Qwen 3.6", "served_model_name": "qwen",
+         "context_length": 16384, "tp_size": 1, "mem_fraction_static": 0.8,
+         "reasoning_parser": "qwen3", "tokenizer_path": "Qwen/Tok"},
         api_key="s3cret key",
-        tokenizer_path="Qwen/Tok",
         allowed_tokenizers=["Qwen/Tok"],
         extra_server_args=["--enable-metrics", "--max-running-requests", "64"],
         server_launch_command="python3 -m sglang.launch_server",
@@ -181,9 +177,10 @@ def test_hostile_settings_reach_the_program_verbatim_and_run_nothing(tmp_path: P
         "extra_server_args": [f'--x=" && touch {marks[4]}', "\n", f"|| touch {marks[5]}"],
     }
     s = settings(
+        {"model_path": hostile["model_path"]},
         server_launch_command=ECHO_ARGV + f" 'a b' \"$(touch {marks[3]})\"",
         server_log_dir=log_dir,
-        **hostile,
+        extra_server_args=hostile["extra_server_args"],
     )
     spec = server_specs(s)[0]
     command = build_launch_command(spec, s, config_file=spec.paths.config_file)

@@ -97,8 +97,8 @@ def test_a_loading_server_serves_the_run_under_its_lease_and_is_no_problem() -> 
     report = LaunchReport([theirs], EXPECTED, 1800.0, "dag/run 2")
     assert report.urls == [SPEC.url] and report.problems == []
     assert report.health_targets() == [{"host": "gpu-a", "port": SPEC.port}]
-    deployment = run_settings({"gpu_hosts": [{"host": "gpu-a", "ssh_conn_id": "ssh_gpu",
-                                              "gpus": [1]}]})
+    deployment = run_settings(gpu_hosts=[{"host": "gpu-a", "ssh_conn_id": "ssh_gpu",
+                                          "gpus": [1]}])
     assert LaunchReport.from_dict(report.to_dict(), deployment).servers == report.servers
     # Its teardown releases the lease: the last one stops it, as for a reused server.
     assert stop_verdict(theirs) is None

@@ -112,7 +112,7 @@ def test_the_launcher_reports_a_server_found_under_the_lock_as_leased_not_starte
     from include.servers.decisions import run_holds, started_outcome
     from tests.fixtures.settings import run_settings
 
-    spec = server_specs(run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}]}))[0]
+    spec = server_specs(run_settings(gpu_hosts=[{"host": "127.0.0.1", "gpus": [0]}]))[0]
     found = started_outcome(spec, "started", "dag/run B", "4242", already=True)
     assert found.action == "loading" and not found.started_by_this_run and found.leased
     assert "another run's launch" in found.detail and run_holds(found)
@@ -128,10 +128,10 @@ def test_a_local_tokenizer_path_stays_on_the_worker_and_the_servers_use_the_mode
 
     local = tmp_path / "tok"
     local.mkdir()
-    base = {"gpu_hosts": [{"host": "gpu-a", "gpus": [0]}], "data_roots": [str(tmp_path)],
-            "allowed_tokenizers": ["Qwen/Tok"]}
+    deployment = {"gpu_hosts": [{"host": "gpu-a", "gpus": [0]}], "data_roots": [str(tmp_path)],
+                  "allowed_tokenizers": ["Qwen/Tok"]}
     for value, sent in ((str(local), None), ("Qwen/Tok", "Qwen/Tok"), (None, None)):
-        s = run_settings({**base, "tokenizer_path": value})
+        s = run_settings({"tokenizer_path": value}, **deployment)
         words = shlex.split(build_launch_command(server_specs(s)[0], s))
         got = words[words.index("--tokenizer-path") + 1] if "--tokenizer-path" in words else None
         assert got == sent, value

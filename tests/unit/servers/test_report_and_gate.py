@@ -21,11 +21,11 @@ from sglang_standin.process import free_port
 from tests.fixtures.settings import api_key_connection, run_settings
 
 #: The deployment of the report below: one host over SSH, through a container prefix.
-SETTINGS = run_settings({
-    "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": "ssh_gpu", "gpus": [0, 1, 2],
-                   "command_prefix": "nice -n 0"}],
-    "served_model_name": "qwen", "context_length": 32768, "launch_timeout_s": 1800,
-}, sglang_conn_id="sglang_prod")
+SETTINGS = run_settings(
+    {"served_model_name": "qwen", "context_length": 32768, "launch_timeout_s": 1800},
+    gpu_hosts=[{"host": "127.0.0.1", "ssh_conn_id": "ssh_gpu", "gpus": [0, 1, 2],
+                "command_prefix": "nice -n 0"}],
+    sglang_conn_id="sglang_prod")
 
 
 def spec(port: int = 30000, gpu: int = 0) -> ServerSpec:
@@ -71,8 +71,7 @@ def test_raise_for_problems_lists_each_bad_server() -> None:
 
 def test_a_remote_host_without_a_key_is_refused_before_any_ssh() -> None:
     s = run_settings(
-        {"gpu_hosts": [{"host": "gpu-a.invalid", "ssh_conn_id": "no_such_conn", "gpus": [0]}]}
-    )
+        gpu_hosts=[{"host": "gpu-a.invalid", "ssh_conn_id": "no_such_conn", "gpus": [0]}])
     assert s.api_key is None
     # Any SSH attempt would fail with HostError naming the connection; this fails first.
     with pytest.raises(SettingsError, match="gpu-a.invalid listen on the network") as err:
@@ -127,10 +126,10 @@ def test_trigger_gives_up_at_the_deadline_with_the_log_note() -> None:
     assert f"server-{port}.log" in payload["message"]
 
 
-def local_settings(port: int, **values: Any) -> RunSettings:
-    """Return a deployment whose one server is ``127.0.0.1:port``, without SSH."""
-    return run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}], "port_base": port,
-                         "server_log_dir": "/nonexistent-dir", **values})
+def local_settings(port: int, run: dict[str, Any] | None = None) -> RunSettings:
+    """Return ``run`` on a deployment whose one server is ``127.0.0.1:port``, without SSH."""
+    return run_settings(run, gpu_hosts=[{"host": "127.0.0.1", "gpus": [0]}], port_base=port,
+                        server_log_dir="/nonexistent-dir")
 
 
 def sensor(port: int, settings: RunSettings | None = None, **kwargs: Any) -> ServerHealthSensor:
@@ -140,7 +139,7 @@ def sensor(port: int, settings: RunSettings | None = None, **kwargs: Any) -> Ser
 
 def test_sensor_defers_to_the_trigger_while_the_server_is_down() -> None:
     port = free_port()
-    settings = local_settings(port, launch_timeout_s=300, served_model_name="qwen")
+    settings = local_settings(port, {"launch_timeout_s": 300, "served_model_name": "qwen"})
     s = sensor(port, settings, poke_interval=1)
     with pytest.raises(TaskDeferred) as deferred:
         s.execute({})
@@ -167,6 +166,6 @@ def test_sensor_turns_an_error_event_into_a_clear_failure() -> None:
 
 
 def test_specs_from_settings_feed_the_sensor() -> None:
-    s = run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0, 1]}]})
+    s = run_settings(gpu_hosts=[{"host": "127.0.0.1", "gpus": [0, 1]}])
     targets = [x.ident for x in server_specs(s)]
     assert ServerHealthSensor(task_id="t", server=targets[1]).server["port"] == 30001

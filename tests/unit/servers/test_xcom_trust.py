@@ -37,7 +37,7 @@ from tests.fixtures.settings import deployment_env, run_settings
 MISMATCH = "XCom did not match the deployment"
 HOSTS = [{"host": "127.0.0.1", "ssh_conn_id": "ssh_gpu", "gpus": [0, 1],
           "command_prefix": "nice -n 0"}]
-SETTINGS = run_settings({"gpu_hosts": HOSTS, "server_log_dir": "/srv/sglang"})
+SETTINGS = run_settings(gpu_hosts=HOSTS, server_log_dir="/srv/sglang")
 
 
 class RecordingRunners(Runners):
@@ -93,7 +93,7 @@ def test_an_identifier_gives_the_deployments_own_spec(identifier: Any) -> None:
 
 
 def test_an_ipv6_identifier_is_matched_as_written_in_urls() -> None:
-    s = run_settings({"gpu_hosts": [{"host": "::1", "gpus": [2]}]})
+    s = run_settings(gpu_hosts=[{"host": "::1", "gpus": [2]}])
     assert trusted_spec("[::1]:30002", s).url == "http://[::1]:30002"
     assert trusted_spec({"host": "::1", "port": 30002}, s) == server_specs(s)[0]
 
@@ -179,9 +179,9 @@ def test_an_edited_server_list_gives_no_url_to_send_prompts_and_the_key_to() -> 
             trusted_urls(edited, SETTINGS)
 
 
-def local(port: int, **values: Any) -> RunSettings:
-    return run_settings({"gpu_hosts": [{"host": "127.0.0.1", "gpus": [0]}], "port_base": port,
-                         "server_log_dir": "/nonexistent-dir", **values})
+def local(port: int) -> RunSettings:
+    return run_settings(gpu_hosts=[{"host": "127.0.0.1", "gpus": [0]}], port_base=port,
+                        server_log_dir="/nonexistent-dir")
 
 
 @pytest.mark.parametrize("server", [

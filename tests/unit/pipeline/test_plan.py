@@ -1,0 +1,75 @@
+"""The prepare_prompts task's plan: reuse prepared shards, shard ranges, a staggered first wave,
+and Airflow's map limit named with the ranges to run instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from include.pipeline.plan import check_map_length, plan_run, stagger
+from include.pipeline.run import outputs_uri
+from include.prompts import MANIFEST_KEY
+from include.prompts.prepare import shard_id
+from include.settings import RunSettings, SettingsError
+from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
+
+
+def test_first_wave_is_staggered_and_later_shards_are_not() -> None:
+    ids = [f"shard-{i:05d}" for i in range(6)]
+    assert stagger(ids, 3) == [
+        None,
+        {"shard_id": "shard-00000", "fraction": 0.3333},
+        {"shard_id": "shard-00000", "fraction": 0.6667},
+        None,
+        None,
+        None,
+    ]
+    assert stagger(ids, 1) == [None] * 6
+    assert stagger([], 3) == []
+
+
+def _changed(settings: RunSettings, **changes) -> RunSettings:
+    """Return ``settings`` with run settings changed, on the same deployment."""
+    return RunSettings.from_mapping({**settings.to_dict(), **changes}, settings.deployment)
+
+
+@pytest.fixture
+def settings(tmp_path) -> RunSettings:
+    return run_settings({"run_name": "r", "shard_size": 60}, output_root=str(tmp_path))
+
+
+def test_plan_reuses_shards_prepared_with_the_same_settings(settings, caplog) -> None:
+    first = plan_run(settings, "run-1", 3)
+    store = LocalStore(settings.run_uri)
+    before = store.read(MANIFEST_KEY)
+    again = plan_run(settings, "run-2", 3)
+    assert [p["shard_id"] for p in again] == [p["shard_id"] for p in first]
+    assert store.read(MANIFEST_KEY) == before
+    assert first[1]["wait_for"] == {"shard_id": first[0]["shard_id"], "fraction": 0.3333}
+
+
+def test_shard_range_skips_complete_shards_and_force_goes_elsewhere(settings) -> None:
+    plan_run(settings, "run-1")
+    store = LocalStore(settings.run_uri)
+    store.write_new("tokenized/shard-00001.manifest.json", b"{}")
+    ranged = _changed(settings, shard_range="0-2")
+    assert [p["shard_id"] for p in plan_run(ranged, "run-2")] == ["shard-00000", "shard-00002"]
+    forced = _changed(ranged, force_regenerate=True)
+    plan = plan_run(forced, "manual__2026-11-30T01:00:00+00:00")
+    assert [p["shard_id"] for p in plan] == ["shard-00000", "shard-00001", "shard-00002"]
+    assert plan[0]["outputs_uri"] == outputs_uri(forced, "manual__2026-11-30T01:00:00+00:00")
+    assert "/regenerations/manual__2026-11-30T01_00_00_00_00" in plan[0]["outputs_uri"]
+    too_far = _changed(settings, shard_range="0-99")
+    with pytest.raises(SettingsError, match="outside the"):
+        plan_run(too_far, "run-3")
+
+
+def test_a_plan_past_the_map_limit_says_which_shard_ranges_to_run(settings) -> None:
+    todo = [shard_id(n) for n in range(3, 1703)]
+    with pytest.raises(SettingsError) as err:
+        check_map_length(settings, todo, 1703, limit=1024)
+    text = str(err.value)
+    assert "1700 of the 1703 shards" in text and "core.max_map_length = 1024" in text
+    assert "shard_range '3-1026', then '1027-1702'" in text
+    assert "AIRFLOW__CORE__MAX_MAP_LENGTH to at least 1700" in text
+    check_map_length(settings, todo[:1024], 1703, limit=1024)  # at the limit: fine
