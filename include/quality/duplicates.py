@@ -45,19 +45,51 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / union if union else 0.0
 
 
+def shingle_hashes(words: Sequence[str], size: int, memo: dict[str, int] | None = None
+                   ) -> object:
+    """Return the sorted distinct 64-bit hashes of the word ``size``-grams (numpy uint64).
+
+    Each word is hashed once (CRC-32) and a gram's hash combines its words' in order, in
+    numpy: the same set as hashing each joined gram, without building the strings (the
+    filter's cost on long answers). Distinct grams colliding in 64 bits is negligible.
+    """
+    import numpy as np
+
+    memo = {} if memo is None else memo  # words repeat across a shard: hash each once
+    get = memo.get
+    w = np.fromiter((get(x) or memo.setdefault(x, zlib.crc32(x.encode()) or 1) for x in words),
+                    np.uint64, len(words))
+    n = max(len(w) - size + 1, 1)
+    h = np.zeros(n, np.uint64)
+    with np.errstate(over="ignore"):  # wrapping arithmetic is the hash
+        for j in range(min(size, len(w))):
+            h = h * np.uint64(0x100000001B3) + w[j: j + n]
+    return np.unique(h)
+
+
+def _jaccard_hashed(a: object, b: object) -> float:
+    import numpy as np
+
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    union = len(a) + len(b) - inter  # type: ignore[arg-type]
+    return inter / union if union else 0.0
+
+
 def near_duplicates(items: Sequence[Parts], options: QualityOptions) -> dict[int, str]:
     """Return ``{index: detail}`` of the items that repeat an earlier kept item's answer."""
     import numpy as np
 
     a, b = _permutations()
     buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
-    sets: dict[int, frozenset[str]] = {}
+    sets: dict[int, object] = {}
     found: dict[int, str] = {}
+    memo: dict[str, int] = {}
     for i, parts in enumerate(items):
-        if len(set(parts.answer.lower().split())) < options.near_dup_min_words:
+        words = parts.answer.lower().split()
+        if len(set(words)) < options.near_dup_min_words:
             continue
-        grams = shingles(parts.answer, options.near_dup_shingle)
-        hashed = np.fromiter((zlib.crc32(g.encode()) for g in grams), np.uint64, len(grams))
+        grams = shingle_hashes(words, options.near_dup_shingle, memo)
+        hashed = (grams >> np.uint64(32)) ^ (grams & np.uint64(0xFFFFFFFF))
         signature = ((a * hashed[None, :] + b) % _PRIME).min(axis=1).astype(np.uint32)
         keys = [(band, signature[band * _ROWS: (band + 1) * _ROWS].tobytes())
                 for band in range(_BANDS)]
@@ -66,7 +98,7 @@ def near_duplicates(items: Sequence[Parts], options: QualityOptions) -> dict[int
         for j in candidates:
             if items[j].prompt_key == parts.prompt_key:
                 continue  # the same prompt twice may well get the same answer
-            score = jaccard(grams, sets[j])
+            score = _jaccard_hashed(grams, sets[j])
             if score >= options.near_dup_jaccard and (best is None or score > best[0]):
                 best = (score, j)
         if best is not None:
