@@ -112,6 +112,9 @@ def blocks(report: dict[str, Any]) -> list[Block]:
                            "max"], rows)))
     out += [("img", "prompt_tokens.png"), ("img", "completion_tokens.png"),
             ("img", "tokenized_length.png")]
+    if shards.get("regenerated"):
+        out.append(("table", (["regenerated shard (force_regenerate)", "why"],
+                              [[r["shard"], r["reason"] or "-"] for r in shards["regenerated"]])))
     if shards["reused"] or shards["missing_outputs"]:
         out.append(("p", f"Reused shards: {', '.join(shards['reused']) or '-'}. Shards missing "
                          f"outputs: {', '.join(shards['missing_outputs']) or '-'}."))

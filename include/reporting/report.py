@@ -170,6 +170,9 @@ def compute_report(
             "produced": sorted(s.shard_id for s in produced),
             "reused": sorted(s.shard_id for s in shards if s.reused),
             "missing_outputs": missing,
+            # force_regenerate: which shards were generated again, and why (their journal's
+            # settings record, carried into the generated manifest).
+            "regenerated": regenerated_shards(shards),
         },
         "funnel": {"prepare": prepare, "prepare_totals": prompts_manifest["totals"],
                    "generation": gen_src, "tokenization": tok_src},
@@ -197,6 +200,17 @@ def compute_report(
     }
     report["consistency"] = consistency(report, shards)
     return report
+
+
+def regenerated_shards(shards: list[ShardFacts]) -> list[dict[str, Any]]:
+    """Return each shard this run regenerated (``force_regenerate``) with its reason."""
+    out = []
+    for s in shards:
+        regeneration = ((s.generated or {}).get("generation") or {}).get("regeneration")
+        if regeneration:
+            out.append({"shard": s.shard_id, "reason": regeneration.get("reason"),
+                        "earlier_journal": regeneration.get("earlier_journal")})
+    return out
 
 
 def _reasoning_total(comps: list[Completion]) -> dict[str, int]:
