@@ -37,7 +37,8 @@ def engine(monkeypatch) -> list[str]:
         return SimpleNamespace(
             counts={"completed": len(prompts), "skipped": 0, "failed": 0}, truncated=0,
             resumed=0, elapsed_s=0.0, output_tokens=1, requests=len(prompts), retries={},
-            retried_failures=0, servers=[], summary=lambda: f"{shard_id}: done")
+            retried_failures=0, servers=[], conversations={},
+            summary=lambda: f"{shard_id}: done")
 
     monkeypatch.setattr(shard_stage, "run_shard", run_shard)
     monkeypatch.setattr("include.tokenization.load_tokenizer", lambda path: None)
