@@ -6,32 +6,14 @@ every mistake that can be known in advance. The checks that need only the settin
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from include.pipeline.check import check_settings
 from include.servers.checks import budget_line
 from include.settings import SettingsError
-from tests.fixtures.settings import deployment_settings
-
-
-@pytest.fixture
-def data(tmp_path) -> Path:
-    d = tmp_path / "data"
-    d.mkdir()
-    (d / "prompts.jsonl").write_text(
-        json.dumps({"query": "hi", "answer": "x", "resource": "r"}) + "\n")
-    return d
-
-
-def _deployment(tmp_path: Path, data: Path, **kw):
-    values = {"output_root": str(tmp_path / "out"), "data_roots": [str(data)], **kw}
-    return deployment_settings(**values)
-
-
-def _written(tmp_path: Path) -> list[Path]:
-    return [p for p in (tmp_path / "out").rglob("*")] if (tmp_path / "out").exists() else []
+from tests.fixtures.check_inputs import check_deployment as _deployment
+from tests.fixtures.check_inputs import written as _written
 
 
 def test_good_settings_pass_and_log_the_completion_bound(tmp_path, data, capsys,

@@ -26,15 +26,6 @@ from tests.fixtures.settings import deployment_settings
 
 
 @pytest.fixture
-def data(tmp_path) -> Path:
-    d = tmp_path / "data"
-    d.mkdir()
-    (d / "prompts.jsonl").write_text(
-        json.dumps({"query": "hi", "answer": "x", "resource": "r"}) + "\n")
-    return d
-
-
-@pytest.fixture
 def conf(data) -> dict:
     return {"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}],
             "temperature": 0.6}
