@@ -140,6 +140,18 @@ TOKENIZATION_KEYS = ("include_reasoning", "keep_truncated_completions", "max_seq
                      "over_length")
 
 
+def _turns(settings: Mapping[str, Any]) -> Any:
+    """Return the run's ``turns``, and the sources that set their own (``sources[].turns``)."""
+    run = settings.get("turns")
+    own = {}
+    for s in settings.get("sources") or ():
+        if isinstance(s, Mapping) and s.get("turns") and s.get("turns") != run:
+            own.setdefault(s["turns"], []).append(str(s.get("name")))
+    if run is None or not own:
+        return run
+    return "; ".join([str(run), *(f"{t} for {', '.join(names)}" for t, names in own.items())])
+
+
 def _sampling_lines(settings: Mapping[str, Any]) -> list[str]:
     variants = {k: v for k, v in (settings.get("sampling_variants") or {}).items() if v}
     mixed = (["Mixed sampling (`sampling_variants`): each prompt drew one value of each of "
@@ -148,7 +160,8 @@ def _sampling_lines(settings: Mapping[str, Any]) -> list[str]:
               "its own in `sampling_variant` and the `sampling_*` columns.", ""]
              if variants else [])
     return ["## Sampling", "",
-            *_table(["setting", "value"], [[k, settings.get(k)] for k in SAMPLING_KEYS]),
+            *_table(["setting", "value"], [[k, _turns(settings) if k == "turns"
+                                             else settings.get(k)] for k in SAMPLING_KEYS]),
             *mixed,
             "Each request's `max_tokens` is min(max_tokens, context length - prompt tokens - "
             "context_margin).", "",

@@ -23,3 +23,11 @@ def test_whole_conversations_are_on_the_card_with_their_rows_and_ends() -> None:
     assert "2 whole-conversation rows" in text and "31 per-turn rows" in text
     assert "not_prefix_stable 5" in text
     assert _conversation_lines(None) == []
+
+
+def test_a_source_regenerated_whole_is_named_beside_the_runs_turns() -> None:
+    settings = {"turns": "first", "sources": [{"name": "infinity_instruct", "turns": "all"},
+                                              {"name": "metamathqa", "turns": None}]}
+    text = "\n".join(_sampling_lines(settings))
+    assert "| turns | first; all for infinity_instruct |" in text
+    assert "| turns | all |" in "\n".join(_sampling_lines({"turns": "all", "sources": None}))
