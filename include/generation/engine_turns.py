@@ -25,9 +25,7 @@ class ConversationSteps:
     journal: Any
     pending: Any
     pool: Any
-
-    def _context_length(self) -> int:  # provided by the engine
-        raise NotImplementedError
+    _context_length: Any  # the engine's method: the context budgets use
 
     def _plan_turn(self, item: Any, previous: str | None = None) -> None:
         """Queue a conversation's next turn, or finish it (ended, or its turn cannot fit)."""
