@@ -11,7 +11,11 @@ Two formats, chosen per source (``CALL_FORMATS``):
   blocks, as SGLang's Qwen parser reads them; ``arguments`` may be an object or a JSON string
   holding one. Normalised to canonical JSON (sorted keys, integral floats as ints).
 * ``agent_action``: AgentInstruct-style ``Act: <name>`` / ``Action: <name>`` lines, each with
-  the fenced code block after it (if any) as its argument, white space folded.
+  the first fenced block after it (before the next action line; none: an empty argument) as
+  its argument, white space folded. Any fence form reads the same: ```` ``` ```` or ``~~~``,
+  three or more, a language tag or none, the block on its own lines or on one line
+  (```` ```ls /etc``` ````), or opened on the action line itself. A fence never closed makes
+  the turn's actions unreadable (so nothing pairs with it).
 
 Only the answer part of a turn counts: a call written inside the thinking block is not one.
 """
@@ -28,8 +32,10 @@ from typing import Any
 CALL_FORMATS = ("tool_call", "agent_action")
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_ACTION = re.compile(r"^[ \t]*(?:Act|Action):[ \t]*(.+?)[ \t]*$", re.M)
-_FENCE = re.compile(r"\s*```[^\n]*\n(.*?)```", re.S)
+_ACTION = re.compile(r"^[ \t]*(?:Act|Action):[ \t]*(.*?)[ \t]*$", re.M)
+_FENCE_OPEN = re.compile(r"`{3,}|~{3,}")
+#: An info string read as a language tag (dropped) when the block has a body below it.
+_LANGUAGE_TAG = re.compile(r"[\w+#.-]+")
 _THINK_CLOSE = "</think>"
 
 
@@ -117,15 +123,50 @@ def tool_calls(text: str, *, lenient: bool = False) -> Calls:
 
 
 def agent_actions(text: str, *, lenient: bool = False) -> Calls:
-    """Return the ``Act:``/``Action:`` lines of a turn's answer, each with its code block."""
+    """Return the ``Act:``/``Action:`` lines of a turn's answer, each with its fenced block.
+
+    An action line inside a fenced block is the block's text, not an action.
+    """
     del lenient  # one reading for both sides: actions are plain text
     answer = answer_part(text)
     found = []
-    for match in _ACTION.finditer(answer):
-        fence = _FENCE.match(answer, match.end())
-        code = " ".join(fence.group(1).split()) if fence else ""
-        found.append(json.dumps([" ".join(match.group(1).split()), code], ensure_ascii=False))
+    at = 0
+    while (action := _ACTION.search(answer, at)) is not None:
+        line = action.group(1)
+        opener = _FENCE_OPEN.search(line)
+        name = " ".join((line[:opener.start()] if opener else line).split())
+        following = _ACTION.search(answer, action.end())
+        limit = following.start() if following else len(answer)
+        fence = _FENCE_OPEN.search(answer, action.start(1) + opener.start() if opener
+                                   else action.end(), limit)
+        code, at = "", action.end()
+        if fence is not None:
+            read = _fenced(answer, fence)
+            if read is None:
+                return Calls(error=f"the fenced block of action {name!r} is not closed")
+            code, at = read
+        found.append(json.dumps([name, " ".join(code.split())], ensure_ascii=False))
     return Calls(tuple(sorted(found)))
+
+
+def _fenced(text: str, opener: re.Match[str]) -> tuple[str, int] | None:
+    """Return a fenced block's text and where it ends (None: never closed). The block closes
+    at the first run of its fence character as long as its opener, on its line or later."""
+    run = opener.group()
+    close = re.compile(re.escape(run[0]) + "{" + str(len(run)) + ",}")
+    line_end = text.find("\n", opener.end())
+    line_end = len(text) if line_end < 0 else line_end
+    same_line = close.search(text, opener.end(), line_end)
+    if same_line is not None:  # ```ls /etc```: one line, no language tag to read
+        return text[opener.end():same_line.start()], same_line.end()
+    end = close.search(text, line_end)
+    if end is None:
+        return None
+    info, body = text[opener.end():line_end].strip(), text[line_end + 1:end.start()]
+    if body.strip() and (not info or _LANGUAGE_TAG.fullmatch(info)):
+        return body, end.end()
+    # ```ls /etc then a closing fence: the opening line holds the command, not a language.
+    return f"{info}\n{body}", end.end()
 
 
 _READERS = {"tool_call": tool_calls, "agent_action": agent_actions}

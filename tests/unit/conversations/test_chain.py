@@ -159,6 +159,26 @@ def test_agent_observations_follow_only_the_same_action() -> None:
     assert (other.end.reason, len(other.turns)) == (chain.TOOL_CALL_DIVERGED, 2)
 
 
+def test_a_one_line_fenced_command_is_not_followed_by_the_datasets_observation() -> None:
+    # Shaped like the bundled AgentInstruct os sample: its action carries no command.
+    agent = [
+        {"role": "user", "content": "You are an assistant operating a shell. Answer with "
+                                    "Act: bash or Act: finish."},
+        {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": "Task: count the files in /etc."},
+        {"role": "assistant", "content": "Think: list files.\n\nAct: bash"},
+        {"role": "user", "content": "The output of the OS: a.txt"},
+        {"role": "assistant", "content": "Act: finish"},
+    ]
+    server = IntServer()
+    state = drive(start("os", agent, "agent_action"),
+                  ["OK.", "Act: bash\n\n```ls /etc | wc -l```", "Act: finish"], server)
+    assert (state.end.reason, len(state.turns)) == (chain.TOOL_CALL_DIVERGED, 2)
+    assert "ls /etc | wc -l" in state.end.detail
+    assert not any(m["content"].startswith("The output of the OS") for sent in server.sent
+                   for m in sent)
+
+
 def test_consecutive_dataset_turns_are_sent_together() -> None:
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
                 {"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"},

@@ -116,6 +116,45 @@ def test_agent_actions_pair_on_the_action_and_its_code() -> None:
     assert paired("OK.", "Sure.", results=False, fmt="agent_action")
 
 
+FENCE = "```"
+
+
+@pytest.mark.parametrize("answer", [
+    f"Act: bash\n\n{FENCE}ls /etc | wc -l{FENCE}",            # one line, as the issue saw
+    f"Act: bash {FENCE}ls /etc | wc -l{FENCE}",                 # opened on the action line
+    f"Act: bash\n{FENCE}bash\nls /etc |  wc -l\n{FENCE}",       # a language tag
+    f"Act: bash\n{FENCE}\nls /etc | wc -l\n{FENCE}",             # no tag
+    "Act: bash\n~~~sh\nls /etc | wc -l\n~~~",                   # tildes
+    "Act: bash\n````\nls /etc | wc -l\n````",                  # a longer fence
+    f"Act: bash\n{FENCE}ls /etc | wc -l\n{FENCE}",              # the command on the opener
+    f"Act: bash\nRunning it:\n{FENCE}bash\nls /etc | wc -l{FENCE}",  # prose first, closed late
+])
+def test_every_fence_form_reads_the_same_command(answer: str) -> None:
+    assert agent_actions(answer).calls == ('["bash", "ls /etc | wc -l"]',)
+    original = f"Think: count.\n\nAct: bash\n\n{FENCE}bash\nls /etc | wc -l\n{FENCE}"
+    assert paired(original, answer, results=False, fmt="agent_action")
+
+
+def test_a_one_line_fenced_command_does_not_pair_with_an_action_without_one() -> None:
+    # The bundled AgentInstruct sample acts with a bare "Act: bash": a target that ran a
+    # command is not followed by the dataset's observation of no command.
+    result = pair_calls("Think: list files.\n\nAct: bash",
+                        f"Act: bash\n\n{FENCE}ls /etc | wc -l{FENCE}", "agent_action",
+                        results_follow=False)
+    assert not result.paired and "ls /etc | wc -l" in result.detail
+    assert not paired(f"Act: bash\n{FENCE}bash\nls\n{FENCE}", f"Act: bash {FENCE}ls -a{FENCE}",
+                      results=False, fmt="agent_action")
+
+
+def test_an_unclosed_fence_is_unreadable_and_a_fenced_action_line_is_code() -> None:
+    cut = agent_actions(f"Act: bash\n{FENCE}bash\nls /etc")
+    assert not cut.valid and "not closed" in cut.error
+    assert not paired("Act: bash", f"Act: bash\n{FENCE}bash\nls /etc", results=False,
+                      fmt="agent_action")
+    inside = agent_actions(f"Act: bash\n{FENCE}\nAct: finish\n{FENCE}\nAct: finish")
+    assert inside.calls == ('["bash", "Act: finish"]', '["finish", ""]')
+
+
 def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown call format"):
         calls_of("x", "xml")
