@@ -51,6 +51,18 @@ def is_conversation(prompt: Mapping[str, Any]) -> bool:
     return prompt.get("turns") == "all"
 
 
+def first_request(prompt: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Return the messages the engine sends first for a prompt record: its own, or a whole
+    conversation's first turn (the dataset turns up to the first one the target answers,
+    ending on a user or tool turn)."""
+    if not is_conversation(prompt):
+        return [dict(m) for m in prompt["messages"]]
+    request = chain.next_request(chain.start(prompt["id"], prompt["messages"],
+                                             prompt.get("call_format") or "tool_call"))
+    assert not isinstance(request, chain.End)  # start refuses a conversation with no user turn
+    return request
+
+
 @dataclass
 class Conversations:
     """The conversations of one shard run: their chains, queues per server and counters."""

@@ -1,4 +1,5 @@
-"""``preflight``: one real request per server, the run's longest prompt, before any shard."""
+"""``preflight``: one real request per server, the run's longest first request, before any
+shard (a whole conversation's first turn, as the engine sends it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from include.pipeline.run import bind, fail_without_retry, open_run_store
 
 def run(report: dict[str, Any], plan: list[dict[str, Any]],
         params: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The preflight task: send the first planned shard's longest prompt to every server;
+    """The preflight task: send the first planned shard's longest first request to every server;
     return the servers' identifiers (nothing is sent when no shard is left)."""
     from include.prompts import read_shard_by_id
     from include.servers.preflight import preflight_run

@@ -1,7 +1,9 @@
 """Send one real chat completion to every server before a run spends hours on them.
 
 ``preflight(...)`` asks each server its context length (``/v1/models``) and sends one
-``/v1/chat/completions`` with the run's sampling settings; any failure raises
+``/v1/chat/completions`` with the run's sampling settings (``preflight_run``: the longest
+request the run will send first, a whole conversation's first turn; ``longest_prompt``
+says why not a later one); any failure raises
 ``PreflightError`` listing every failing server, and a 4xx carries the server's own message
 (e.g. SGLang's "Requested token count exceeds the model's maximum context length ...").
 It also finds out, once per server, whether the server returns the token ids it sampled
@@ -241,23 +243,31 @@ def format_table(results: list[PreflightResult]) -> str:
 
 def longest_prompt(
     prompts: list[dict[str, Any]], count_tokens: Any, settings: Any, candidates: int = 32
-) -> tuple[dict[str, Any], int, int]:
-    """Return the prompt with the most tokens that still gets a budget, its P and its budget.
+) -> tuple[dict[str, Any], list[dict[str, Any]], int, int]:
+    """Return the prompt whose first request has the most tokens and still gets a budget,
+    that request, its P and its budget.
 
-    Only the ``candidates`` longest by characters are tokenized. Raise ValueError when no
-    prompt fits at all (every one would be skipped as too long).
+    The first request is what the engine sends first (``conversing.first_request``): a
+    prompt's messages, or a whole conversation's first turn. Every later turn holds the
+    target's own answers, unknown before the run, and is budgeted from the server's count
+    and ended ``context_exhausted`` before it is sent; the whole dataset conversation, its
+    assistant turns included, is never sent at all. The budget is the engine's for that
+    request. Only the ``candidates`` longest by characters are tokenized. Raise ValueError
+    when no prompt fits at all (every one would be skipped as too long).
     """
     from include.generation.budget import token_budget
+    from include.generation.conversing import first_request
 
-    by_chars = sorted(prompts, key=lambda p: -sum(len(m["content"]) for m in p["messages"]))
-    pool = by_chars[:candidates]
-    counts = count_tokens([p["messages"] for p in pool])
+    requests = [(p, first_request(p)) for p in prompts]
+    requests.sort(key=lambda pr: -sum(len(m["content"]) for m in pr[1]))
+    pool = requests[:candidates]
+    counts = count_tokens([messages for _, messages in pool])
     ranked = sorted(zip(counts, range(len(pool)), strict=True), reverse=True)
     for p_tokens, i in ranked:
         budget = token_budget(p_tokens, settings.context_length, settings.max_tokens,
                               settings.context_margin, settings.min_completion_tokens)
         if not budget.skip_reason:
-            return pool[i], p_tokens, budget.max_tokens
+            return pool[i][0], pool[i][1], p_tokens, budget.max_tokens
     raise ValueError(
         f"none of the {len(pool)} longest prompts fits: each leaves less than "
         f"min_completion_tokens ({settings.min_completion_tokens}) under context_length "
@@ -266,24 +276,26 @@ def longest_prompt(
 
 
 def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]]) -> str:
-    """Preflight every server with the run's longest prompt; return the table for the log.
+    """Preflight every server with the run's longest first request; return the table for the
+    log.
 
-    The prompt goes out with its real token budget and the run's sampling settings. Raise
+    The request goes out with its real token budget and the run's sampling settings. Raise
     PreflightError on any failure.
     """
+    from include.generation.conversing import is_conversation
     from include.tokenization import count_prompt_tokens, load_tokenizer
 
     tok = load_tokenizer(settings.tokenizer_path or settings.model_path)
-    prompt, p_tokens, max_tokens = longest_prompt(
+    prompt, messages, p_tokens, max_tokens = longest_prompt(
         prompts, lambda convs: count_prompt_tokens(tok, convs, settings.enable_thinking), settings
     )
     sampling = {"temperature": settings.temperature, "top_p": settings.top_p,
                 "top_k": settings.top_k, "enable_thinking": settings.enable_thinking}
-    results = asyncio.run(preflight(urls, prompt["messages"], max_tokens, sampling,
+    results = asyncio.run(preflight(urls, messages, max_tokens, sampling,
                                     settings.model_name, settings.api_key,
                                     timeout=settings.request_timeout_s))
     render_problem = tokenizer_render_problem(
-        settings, tok, prompt["messages"], settings.enable_thinking, results)
+        settings, tok, messages, settings.enable_thinking, results)
     if render_problem:
         raise PreflightError(render_problem + "\n" + format_table(results), results)
     text_only = [r.url for r in results if not r.token_ids]
@@ -293,5 +305,6 @@ def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]])
                 "return_token_ids): their rows are tokenized from the raw generated text, "
                 "and each tokenized manifest counts them (token_source)")
         log.warning("%s", note.strip())
-    return (f"preflight prompt {prompt['id']}: {p_tokens} prompt tokens, max_tokens "
+    turn = " (a whole conversation's first turn)" if is_conversation(prompt) else ""
+    return (f"preflight prompt {prompt['id']}{turn}: {p_tokens} prompt tokens, max_tokens "
             f"{max_tokens}\n" + format_table(results) + note)

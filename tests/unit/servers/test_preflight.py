@@ -134,3 +134,107 @@ def test_a_worker_tokenizer_that_renders_otherwise_than_the_servers_fails_prefli
     counted = PreflightResult("http://c", True, prompt_tokens=len(ids) + 2)
     assert "counts" in tokenizer_render_problem(settings, tok, messages, True, [counted])
     assert "prompt_token_ids" not in same.to_dict()
+
+
+# --- whole conversations (turns: all): the first turn is what the run sends ------------------
+
+RUN = {"context_length": 1000, "max_tokens": 200, "context_margin": 16,
+       "min_completion_tokens": 64}
+
+
+def words(n: int, word: str) -> str:
+    return " ".join([word] * n)
+
+
+def whole_conversation(cid: str, turns: int, ask: int = 100, answer: int = 300) -> dict:
+    """A chat whose every turn fits in RUN's context but whose whole length does not."""
+    messages = [{"role": "system", "content": "You are helpful."}]
+    for _ in range(turns):
+        messages += [{"role": "user", "content": words(ask, "ask")},
+                     {"role": "assistant", "content": words(answer, "said")}]
+    return {"id": cid, "source": "chat", "metadata": {}, "messages": messages, "turns": "all",
+            "call_format": "tool_call"}
+
+
+def count_words(batch: list[list[dict[str, str]]]) -> list[int]:
+    return [sum(len(m["content"].split()) + 4 for m in messages) + 2 for messages in batch]
+
+
+def test_a_whole_conversation_is_preflighted_with_its_first_turn_as_the_engine_budgets_it(
+) -> None:
+    from types import SimpleNamespace
+
+    from include.conversations import chain
+    from include.generation.conversing import Conversations
+    from include.servers.preflight import longest_prompt
+
+    settings = SimpleNamespace(**RUN)
+    conversation = whole_conversation("chat:0", turns=4)
+    single = {"id": "flat:0", "messages": [{"role": "user", "content": words(60, "q")}]}
+    assert count_words([conversation["messages"]])[0] > settings.context_length
+    prompt, messages, p_tokens, max_tokens = longest_prompt([single, conversation],
+                                                            count_words, settings)
+    assert prompt["id"] == "chat:0"
+    assert [m["role"] for m in messages] == ["system", "user"]
+    # The engine's own plan for the conversation's first turn: the same request, P, budget.
+    engine = Conversations(lambda ms: count_words([list(ms)])[0], lambda: RUN["context_length"],
+                           RUN["max_tokens"], RUN["context_margin"],
+                           RUN["min_completion_tokens"])
+    engine.states["chat:0"] = chain.start("chat:0", conversation["messages"])
+    assert engine.plan("chat:0") == (messages, p_tokens, max_tokens)
+
+
+@pytest.mark.parametrize("answer", [300, 20], ids=["whole-longer-than-context", "whole-fits"])
+def test_preflight_run_sends_a_conversations_first_turn_ending_on_a_user_turn(
+    tmp_path: Any, answer: int
+) -> None:
+    from types import SimpleNamespace
+
+    from include.servers.preflight import preflight_run
+    from include.tokenization import count_prompt_tokens, load_tokenizer
+    from sglang_standin.tokenizer import build_chat_tokenizer
+
+    tokenizer = build_chat_tokenizer(tmp_path / "tok")
+    tok = load_tokenizer(str(tokenizer))
+    received: list[dict[str, Any]] = []
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "qwen", "max_model_len": 1000}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        received.append(body)
+        prompt = count_prompt_tokens(tok, [body["messages"]], True)[0]
+        if prompt + body["max_tokens"] > 1000:  # SGLang 0.5.23's length check
+            return web.json_response({"object": "error", "message": "too long",
+                                      "type": "BadRequestError", "code": 400}, status=400)
+        return web.json_response({"choices": [{"finish_reason": "stop",
+                                               "message": {"content": "x"}}],
+                                  "usage": {"prompt_tokens": prompt, "completion_tokens": 1}})
+
+    async def run() -> str:
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        settings = SimpleNamespace(
+            **RUN, tokenizer_path=str(tokenizer), model_path="Qwen/Qwen3.6-27B",
+            enable_thinking=True, temperature=0.6, top_p=0.95, top_k=20, model_name="qwen",
+            api_key=None, request_timeout_s=30.0)
+        prompts = [whole_conversation(f"chat:{i}", 3, ask=40 + i, answer=answer)
+                   for i in range(3)]
+        try:
+            return await asyncio.to_thread(preflight_run, settings,
+                                           [f"http://127.0.0.1:{port}"], prompts)
+        finally:
+            await runner.cleanup()
+
+    log = asyncio.run(run())
+    [body] = received
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert body["messages"][1]["content"] == words(42, "ask")  # the longest first turn
+    assert "chat:2 (a whole conversation's first turn)" in log
