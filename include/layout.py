@@ -17,6 +17,12 @@ MANIFEST_KEY = f"{PROMPTS_PREFIX}/manifest.json"
 JOURNAL_PREFIX = "journal"
 GENERATED_PREFIX = "generated"
 TOKENIZED_PREFIX = "tokenized"
+#: The trainer exports: one JSONL of ``{"input_ids", "loss_mask", ...}`` per shard, in a
+#: folder of its own (speculators' ``prepare_data --data`` reads every .json/.jsonl of a
+#: folder, so nothing else may live there), and the whole run in one file at the root
+#: (SpecForge's ``data.prompts_path`` takes one file).
+PRETOKENIZED_PREFIX = "pretokenized"
+PRETOKENIZED_RUN = "pretokenized.jsonl"
 #: One folder per Airflow run's report (``report_prefix``).
 REPORT_PREFIX = "report"
 #: A forced regeneration's outputs (``regeneration_prefix``), beside the run's own.
@@ -80,6 +86,16 @@ def tokenized_keys(index: int) -> tuple[str, str, str]:
     """Return the parquet, conversations and manifest keys of tokenized shard ``index``."""
     name = f"{TOKENIZED_PREFIX}/{shard_id(index)}"
     return f"{name}.parquet", f"{name}.conversations.jsonl", f"{name}{SHARD_MANIFEST_SUFFIX}"
+
+
+def pretokenized_key(index: int) -> str:
+    """Return the key of tokenized shard ``index``'s trainer export (``pretokenized/``)."""
+    return f"{PRETOKENIZED_PREFIX}/{shard_id(index)}.jsonl"
+
+
+def pretokenized_run_key() -> str:
+    """Return the key of the whole run's trainer export, at the root of its outputs."""
+    return PRETOKENIZED_RUN
 
 
 def journal_prefix(shard: str) -> str:

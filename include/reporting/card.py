@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from include.reporting.trainers import training_lines
+
 #: The card's ``data_files``: the tokenized shards, relative to the card (the run's outputs).
 DATA_FILES = "tokenized/shard-*.parquet"
 NOT_REPORTED = "not reported"
@@ -248,8 +250,10 @@ def _load_lines() -> list[str]:
             "Paths are relative to this card's folder (the run's outputs). Columns: "
             "`input_ids` (the prompt ids and the ids the target sampled, as its server "
             "returned them), `loss_mask` (1 on the sampled ids), `length`, `source`, `id` "
-            "(`<source>:<config>:<row>`), `finish_reason`, `token_source`. SpecForge-style "
-            "conversations are beside each shard (`tokenized/shard-*.conversations.jsonl`).",
+            "(`<source>:<config>:<row>`), `finish_reason`, `token_source`, and the provenance "
+            "columns. The same rows for trainers: `pretokenized.jsonl` and `pretokenized/` "
+            "(above). Conversations, re-tokenized by whoever reads them, are beside each shard "
+            "(`tokenized/shard-*.conversations.jsonl`).",
             ""]
 
 
@@ -297,6 +301,9 @@ def render_card(
         *_funnel_lines(report),
         *_conversation_lines(report.get("conversations")),
         *_token_lines(report),
+        *training_lines(report.get("trainer_export") or {}, report.get("trainers") or {},
+                        str(settings.get("model_path") or "<target model>"),
+                        report.get("conversations")),
         *_load_lines(),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"

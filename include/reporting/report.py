@@ -45,6 +45,7 @@ from include.reporting.figures import (
 )
 from include.reporting.gates import GateResult, QualityGates, evaluate_gates
 from include.reporting.throughput import throughput
+from include.reporting.trainers import export_figures, write_run_export
 from include.storage import ObjectExistsError, Store
 from include.tokenization.stage import length_stats
 
@@ -91,6 +92,12 @@ SOURCES_OF_TRUTH: dict[str, str] = {
         "agrees on (generation.settings_fingerprint)"),
     "funnel.tokenization.<source>.written, tokenized_lengths": (
         "tokenized/<shard>.parquet: source and length columns"),
+    "trainers.longest_row": "tokenized/<shard>.parquet: length column (the longest row)",
+    "trainers.text_path, trainers.conversations_by_source": (
+        "tokenized/<shard>.manifest.json: text_path, conversations.by_source (summed)"),
+    "trainer_export": (
+        "pretokenized/<shard>.jsonl of every shard, joined into pretokenized.jsonl by the "
+        "report that publishes the whole dataset"),
     "shards": "the DAG's plan: shards produced by this run and shards reused as complete",
     "gates": "computed from generation.per_shard, tokenization.per_shard, funnel.generation",
 }
@@ -195,6 +202,8 @@ def compute_report(
         },
         "lengths": lengths,
         "tokenized_lengths": {src: _stats(v) for src, v in sorted(tok_lengths.items())},
+        "trainers": export_figures([s.tokenized for s in shards],
+                                   max((max(v) for v in tok_lengths.values() if v), default=0)),
         "settings_fingerprint": settings_fingerprint or agreed_fingerprint(shards),
         "sources_of_truth": SOURCES_OF_TRUTH,
     }
@@ -335,9 +344,11 @@ def build_report(
     files[prefix + REPORT_HTML] = render_html(report).encode()
     for key, data in files.items():
         outputs_store.write_new(key, data)
-    report["dataset_card"] = write_cards(
-        outputs_store, report, manifest, settings,
-        publish=report["passed"] and dataset_complete(manifest, shards))
+    publish = report["passed"] and dataset_complete(manifest, shards)
+    report["trainer_export"] = write_run_export(
+        outputs_store, [s.shard_id for s in shards if s.tokenized], publish=publish)
+    report["dataset_card"] = write_cards(outputs_store, report, manifest, settings,
+                                         publish=publish)
     data = (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
     outputs_store.write_new(prefix + REPORT_JSON, data)
     summary = summarize(report)

@@ -84,7 +84,11 @@ class Pending:
     stop_id: int | None
     prompt_tokens: int
     completion_tokens: int | None
-    conversation: list[dict[str, str]]
+    conversation: list[dict[str, Any]]
+
+
+#: The key ``conversations.explode`` sets on a message the target generated in this run.
+GENERATED_MARK = "_generated_by_target"
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -156,10 +160,14 @@ def assemble(
             return ("quarantine", "template_mismatch", str(exc))
     shown = (THINK_OPEN + "\n" if opened else "") + text if options.include_reasoning \
         else trained_text.lstrip("\n")
+    # ``generated`` only where the tokenization stage itself marked a message as the
+    # target's (a whole conversation's earlier turns, ``conversations.explode``): a record's
+    # own ``messages`` are the dataset's, whatever keys they carry.
     conversation = [
-        {"role": str(m.get("role", "")), "content": m.get("content") or ""} for m in messages
+        {"role": str(m.get("role", "")), "content": m.get("content") or "",
+         "generated": m.get(GENERATED_MARK) is True} for m in messages
     ]
-    conversation.append({"role": "assistant", "content": shown})
+    conversation.append({"role": "assistant", "content": shown, "generated": True})
     return Pending(
         record, str(record.get("id", "")), str(record.get("source", "")), finish,
         "server" if sampled is not None else "text", prompt, extra, text, trained_text,

@@ -25,6 +25,7 @@ from itertools import compress
 from typing import Any
 
 from include.conversations.rows import prefix_stability
+from include.tokenization.assembly import GENERATED_MARK
 from include.tokenization.outputs import Sample, TokenizeResult
 
 #: Keys of a conversation record that do not carry over to its turns' records.
@@ -50,13 +51,23 @@ class Conversations:
     kept_apart: Counter[str] = field(default_factory=Counter)
     #: The first prefix-stability difference seen (an example for the manifest).
     example: str = ""
+    #: Whole and per-turn rows by the conversation's source.
+    by_source: dict[str, Counter[str]] = field(default_factory=dict)
 
     def manifest(self) -> dict[str, Any]:
         """Return the counts the tokenized manifest records under ``conversations``."""
         return {"conversations": len(self.turns), "turns": sum(map(len, self.turns.values())),
                 "whole_rows": self.whole_rows, "turn_rows": self.turn_rows,
                 "kept_apart": dict(sorted(self.kept_apart.items())),
-                "ends": dict(sorted(self.ends.items())), "example_difference": self.example}
+                "ends": dict(sorted(self.ends.items())), "example_difference": self.example,
+                "by_source": {src: {"whole_rows": c["whole_rows"], "turn_rows": c["turn_rows"]}
+                              for src, c in sorted(self.by_source.items())}}
+
+    def count_rows(self, cid: str, kind: str, n: int) -> None:
+        """Count ``n`` rows of ``kind`` (``whole_rows``, ``turn_rows``) for conversation ``cid``."""
+        source = str(self.records[self.turns[cid][0]].get("source", "")) \
+            if self.turns[cid] else ""
+        self.by_source.setdefault(source, Counter())[kind] += n
 
 
 def explode(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Conversations]:
@@ -81,7 +92,8 @@ def explode(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any
             out.append(flat)
             found.records[tid] = flat
             ids.append(tid)
-            history = [*request, {"role": "assistant", "content": turn.get("text") or ""}]
+            history = [*request, {"role": "assistant", "content": turn.get("text") or "",
+                                  GENERATED_MARK: True}]
         found.turns[cid] = ids
         found.ends[str((record.get("end") or {}).get("reason", "unknown"))] += 1
     return out, found
@@ -107,11 +119,14 @@ def merge(result: TokenizeResult, found: Conversations, *, whole_rows: bool = Tr
                 replaced.update(dict.fromkeys(ids[:-1]))
                 replaced[ids[-1]] = _whole(cid, [by_id[t] for t in ids], pairs)
                 found.whole_rows += 1
+                found.count_rows(cid, "whole_rows", 1)
                 continue
             reason = "not_prefix_stable"
             found.example = found.example or f"{cid}: {stability.detail}"
         found.kept_apart[reason] += 1
-        found.turn_rows += sum(t in by_id for t in ids)
+        kept = sum(t in by_id for t in ids)
+        found.turn_rows += kept
+        found.count_rows(cid, "turn_rows", kept)
     if replaced:
         result.samples = [replaced.get(s.id, s) if s.id in replaced else s
                           for s in result.samples]

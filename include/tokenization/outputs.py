@@ -1,8 +1,11 @@
 """What the tokenization stage writes: samples, the records kept out, and their three files.
 
 A tokenized shard is published as ``tokenized/shard-NNNNN.parquet`` (the samples, each with
-its provenance: ``provenance.py``), ``.conversations.jsonl`` (SpecForge-style conversations)
-and ``.manifest.json`` (counts, every record kept out with its reason, length statistics); see
+its provenance: ``provenance.py``), ``.conversations.jsonl`` (SpecForge-style conversations,
+each message saying whether the target generated it in this run), ``.manifest.json`` (counts,
+every record kept out with its reason, length statistics) and the trainer export
+``pretokenized/shard-NNNNN.jsonl`` (the parquet's rows as the JSON lines SpecForge's
+``prompts_path`` and speculators' pre-tokenized pass-through read as they are); see
 docs/data-layout.md.
 """
 
@@ -55,7 +58,9 @@ class Sample:
     finish_reason: str
     input_ids: list[int]
     loss_mask: list[int]
-    conversation: list[dict[str, str]]
+    #: The request and the answer as messages (``role``, ``content``, ``generated``: whether
+    #: the target wrote it in this run; the dataset's own turns are False).
+    conversation: list[dict[str, Any]]
     token_source: str = "server"
     #: ``provenance.PROVENANCE_COLUMNS`` read off the record (run and shard from the result).
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +129,31 @@ class TokenizeResult:
             "quarantined": sorted(self.quarantined, key=lambda q: (q["id"], q["reason"])),
             "dropped": sorted(self.dropped, key=lambda d: (d["id"], d["reason"])),
             "settings": dict(self.settings),
+            "text_path": self.text_path(),
             **({"conversations": self.conversations} if self.conversations else {}),
+        }
+
+    def text_path(self) -> dict[str, int]:
+        """Return what a trainer that re-tokenizes the conversations file would change here.
+
+        Every row: its end-of-turn gains the template's ``\n`` inside the loss (SpecForge's
+        and speculators' templates end a turn with ``<|im_end|>\n``; the server stopped at
+        ``<|im_end|>``). ``retokenized_text_differs``: answers whose text encodes to other ids
+        than were sampled. ``without_system``: rows whose template would add a default system
+        prompt (SpecForge's ``qwen``/``qwen3-thinking``). ``with_dataset_turns`` /
+        ``dataset_turns``: rows holding assistant turns the dataset wrote (not the target),
+        which a trainer that trains every assistant turn puts in the loss.
+        """
+        dataset_turns = [sum(1 for m in s.conversation if m["role"] == "assistant"
+                             and not m.get("generated")) for s in self.samples]
+        return {
+            "rows": len(self.samples),
+            "end_of_turn_newline": sum(1 for s in self.samples if s.finish_reason == "stop"),
+            "retokenized_text_differs": self.retokenized_text_differs,
+            "without_system": sum(1 for s in self.samples
+                                  if not any(m["role"] == "system" for m in s.conversation)),
+            "with_dataset_turns": sum(1 for n in dataset_turns if n),
+            "dataset_turns": sum(dataset_turns),
         }
 
     def to_parquet(self) -> bytes:
@@ -161,8 +190,14 @@ class TokenizeResult:
         return buf.getvalue()
 
     def conversations_jsonl(self) -> bytes:
-        """Return SpecForge-style lines ``{"id", "conversations": [{"role", "content"}]}``,
-        each with its row's ``provenance`` object beside them."""
+        """Return SpecForge-style lines ``{"id", "conversations": [{"role", "content",
+        "generated"}]}``, each with its row's ``provenance`` object beside them.
+
+        ``generated`` marks the messages the target wrote in this run (the answer, and under
+        ``turns: all`` its earlier turns); False marks the dataset's own. A trainer that reads
+        this file tokenizes it again with its own template: ``text_path`` counts what that
+        changes. The exact rows are the parquet and ``pretokenized/``.
+        """
         lines = [
             json.dumps(
                 {"id": s.id, "conversations": s.conversation,
@@ -170,6 +205,24 @@ class TokenizeResult:
                 ensure_ascii=False, sort_keys=True,
             )
             for s, row in zip(self.samples, self.provenance_rows(), strict=True)
+        ]
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+    def pretokenized_jsonl(self) -> bytes:
+        """Return the trainer export: one line per parquet row, in the parquet's order.
+
+        ``{"id", "input_ids", "loss_mask", "source", "run_name", "shard"}``: the two fields
+        SpecForge (``data.prompts_path``, pre-tokenized when the first record has both) and
+        speculators (``prepare_data``'s pass-through) read, and string fields that tie each
+        row to its parquet row and provenance by ``id``. Every field is always present with
+        one type, so a folder of these files loads as one ``datasets`` table.
+        """
+        origin = {k: str(v or "") for k, v in self.origin.items()}
+        lines = [
+            json.dumps({"id": s.id, "input_ids": s.input_ids, "loss_mask": s.loss_mask,
+                        "source": s.source, "run_name": origin.get("run_name", ""),
+                        "shard": origin.get("shard", "")}, separators=(",", ":"))
+            for s in self.samples
         ]
         return ("\n".join(lines) + "\n").encode() if lines else b""
 

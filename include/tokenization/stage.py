@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from include.layout import generated_keys, shard_index, tokenized_keys
+from include.layout import generated_keys, pretokenized_key, shard_index, tokenized_keys
 from include.layout import shard_id as shard_name
 from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
@@ -56,9 +56,10 @@ def tokenize_shard(
     """Tokenize shard ``index``'s completion records and publish its tokenized files.
 
     Every row records ``run_name`` and the shard (``shard-NNNNN``) among its provenance.
-    Reads ``generated/shard-NNNNN.jsonl``, writes ``tokenized/shard-NNNNN.*`` (keys from
-    ``include.layout``), create-only through ``include.storage.publish_files``: a retry with
-    the same inputs and settings rewrites nothing; the manifest (returned) is written last.
+    Reads ``generated/shard-NNNNN.jsonl``, writes ``tokenized/shard-NNNNN.*`` and the trainer
+    export ``pretokenized/shard-NNNNN.jsonl`` (keys from ``include.layout``), create-only
+    through ``include.storage.publish_files``: a retry with the same inputs and settings
+    rewrites nothing; the manifest (returned, counting every file) is written last.
     Raises ValueError if a line of the input is not JSON.
     """
     from include.storage.publish import publish_files
@@ -78,7 +79,8 @@ def tokenize_shard(
     manifest = {"shard": index, "source": source_key, **result.manifest()}
     published = publish_files(
         store,
-        {parquet_key: result.to_parquet(), conv_key: result.conversations_jsonl()},
+        {parquet_key: result.to_parquet(), conv_key: result.conversations_jsonl(),
+         pretokenized_key(index): result.pretokenized_jsonl()},
         manifest_key,
         manifest,
     )

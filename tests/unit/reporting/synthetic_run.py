@@ -13,6 +13,7 @@ from typing import Any
 
 from include.generation.journal import StoreJournal
 from include.generation.shard import build_shard_output
+from include.layout import pretokenized_key
 from include.prompts.prepare import MANIFEST_KEY, shard_index
 from include.storage import Store, publish_files, publish_generated_shard
 from include.tokenization.stage import Sample, TokenizeResult, tokenized_keys
@@ -38,6 +39,8 @@ class ShardSpec:
     quarantine_reasons: tuple[str, ...] = ()
     #: The tokenized manifest's ``conversations`` section (``Conversations.manifest()``).
     conversations: dict[str, Any] = field(default_factory=dict)
+    #: Whether the shard has its trainer export (False: tokenized before the exports).
+    export: bool = True
 
 
 def write_prompts_manifest(store: Store, shards: dict[str, ShardSpec]) -> dict[str, Any]:
@@ -105,9 +108,12 @@ def write_shard(store: Store, sid: str, spec: ShardSpec, t0: float = T0) -> None
             result.samples.append(Sample(rec["id"], rec["source"], rec["finish_reason"],
                                          list(range(length)), [0] * 10 + [1] * (length - 10),
                                          []))
+    result.origin = {"run_name": "synthetic", "shard": sid}
     parquet_key, conv_key, manifest_key = tokenized_keys(shard_index(sid))
-    publish_files(store, {parquet_key: result.to_parquet(), conv_key: result.conversations_jsonl()},
-                  manifest_key, {"shard": shard_index(sid), **result.manifest()})
+    files = {parquet_key: result.to_parquet(), conv_key: result.conversations_jsonl()}
+    if spec.export:
+        files[pretokenized_key(shard_index(sid))] = result.pretokenized_jsonl()
+    publish_files(store, files, manifest_key, {"shard": shard_index(sid), **result.manifest()})
 
 
 def write_run(store: Store, shards: dict[str, ShardSpec]) -> None:

@@ -74,6 +74,7 @@ def test_a_tool_chain_is_prefix_stable_and_becomes_one_exact_row(server: Any,
     assert sum(row.loss_mask) == len(trained)
     conv = result.manifest()["conversations"]
     assert conv["whole_rows"] == 1 and conv["turn_rows"] == 0 and conv["turns"] == 2
+    assert conv["by_source"] == {"s": {"whole_rows": 1, "turn_rows": 0}}
     assert result.manifest()["counts"]["input"] == 1
 
 
@@ -90,6 +91,14 @@ def test_a_chat_with_thinking_is_not_prefix_stable_and_keeps_one_row_per_turn(
     conv = result.manifest()["conversations"]
     assert conv["kept_apart"] == {"not_prefix_stable": 1} and conv["turn_rows"] == 2
     assert "turn 1" in conv["example_difference"]
+    assert conv["by_source"] == {"s": {"whole_rows": 0, "turn_rows": 2}}
+    # Turn 1's conversation holds the target's own first answer (generated in this run), not
+    # the dataset's "x"; the dataset's user turns are marked as the dataset's.
+    second_turn = result.samples[1].conversation
+    assert [(m["role"], m["generated"]) for m in second_turn] == [
+        ("user", False), ("assistant", True), ("user", False), ("assistant", True)]
+    assert second_turn[1]["content"] == record["turn_results"][0]["text"] != "x"
+    assert result.manifest()["text_path"]["dataset_turns"] == 0
     # The second turn's prompt shows the first answer without its reasoning, as sent.
     second = hf_tokenizer.decode(record["turn_results"][1]["prompt_token_ids"])
     assert second.count("<think>") == 0

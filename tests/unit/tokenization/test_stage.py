@@ -124,7 +124,10 @@ def test_a_row_is_the_servers_prompt_ids_and_sampled_ids(
     else:
         assert head.endswith("<think>\n\n</think>\n\n") and masked(sample) == sampled
     assert sample.length == len(sample.input_ids) and sample.finish_reason == "stop"
-    assert sample.conversation[:-1] == MESSAGES and sample.conversation[-1]["role"] == "assistant"
+    # The dataset's messages are marked as the dataset's; the answer as the target's.
+    assert sample.conversation[:-1] == [{**m, "generated": False} for m in MESSAGES]
+    assert sample.conversation[-1]["role"] == "assistant"
+    assert sample.conversation[-1]["generated"] is True
     assert result.manifest()["counts"]["token_source"] == {"server": 1, "text": 0}
 
 
@@ -348,8 +351,18 @@ def test_parquet_conversations_and_manifest(hf_tokenizer: Any, chat: ChatTokeniz
     lines = result.conversations_jsonl().decode().splitlines()
     first = json.loads(lines[0])
     assert len(lines) == 6 and set(first) == {"id", "conversations", "provenance"}
-    assert all(set(turn) == {"role", "content"} for turn in first["conversations"])
+    assert all(set(turn) == {"role", "content", "generated"} for turn in first["conversations"])
     assert [t["role"] for t in first["conversations"]] == ["system", "user", "assistant"]
+    assert [t["generated"] for t in first["conversations"]] == [False, False, True]
+    # The trainer export: the parquet's rows, in its order, with nothing re-tokenized.
+    result.origin = {"run_name": "r", "shard": "shard-00003"}
+    exported = [json.loads(line) for line in result.pretokenized_jsonl().decode().splitlines()]
+    assert [(e["id"], e["input_ids"], e["loss_mask"]) for e in exported] == [
+        (r["id"], r["input_ids"], r["loss_mask"]) for r in rows]
+    assert {tuple(sorted(e)) for e in exported} == {
+        ("id", "input_ids", "loss_mask", "run_name", "shard", "source")}
+    assert {(e["run_name"], e["shard"]) for e in exported} == {("r", "shard-00003")}
+    assert [e["source"] for e in exported] == [r["source"] for r in rows]
     manifest = result.manifest()
     counts = manifest["counts"]
     assert (
@@ -433,3 +446,23 @@ def test_the_byte_table_decodes_as_the_tokenizer_does(chat: ChatTokenizer) -> No
         assert not chat.decodes_to(ids, text + "x")
         assert not chat.decodes_to(ids[:-1], text)
 
+
+
+def test_text_path_counts_what_re_tokenizing_the_conversations_would_change(
+    hf_tokenizer: Any, chat: ChatTokenizer
+) -> None:
+    # A multi-turn prompt (an agent set's "OK." turn, no system turn) answered once, a
+    # single-turn prompt with a system turn, and an answer cut at max_tokens.
+    agent = [{"role": "user", "content": "You are an OS agent."},
+             {"role": "assistant", "content": "OK."}, {"role": "user", "content": "ls?"}]
+    recs = [record(hf_tokenizer, 0, messages=agent), record(hf_tokenizer, 1),
+            record(hf_tokenizer, 2, finish="length")]
+    result = tokenize_completions(chat, recs,
+                                  TokenizeOptions(keep_truncated_completions=True))
+    assert [s.id for s in result.samples] == [r["id"] for r in recs], result.quarantined
+    assert [m["generated"] for m in result.samples[0].conversation] == [False, False, False,
+                                                                        True]
+    tp = result.manifest()["text_path"]
+    assert tp == {"rows": 3, "end_of_turn_newline": 2,
+                  "retokenized_text_differs": result.retokenized_text_differs,
+                  "without_system": 1, "with_dataset_turns": 1, "dataset_turns": 1}
