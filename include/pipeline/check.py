@@ -19,7 +19,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import fail_without_retry
 from include.settings import DeploymentSettings, RunSettings, SettingsError
 from include.settings.checks import (
     check_dedupe,
@@ -32,7 +31,7 @@ from include.settings.checks import (
     problem,
 )
 from include.settings.deployment import env_name, inside_data_roots
-from include.settings.errors import raise_all
+from include.settings.errors import raise_all, refusal_lines, refusal_summary
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +135,21 @@ def check_settings(params: Mapping[str, Any] | None,
 
 
 def run(params: Mapping[str, Any] | None) -> None:
-    """The check_settings task: fail, without a retry, on any wrong setting."""
-    with fail_without_retry():
+    """The check_settings task: fail, without a retry, on any wrong setting.
+
+    Each problem is logged on short lines of its own, where a person reads the log; the
+    task then fails with one short line naming the settings, raised here so that Airflow's
+    traceback under it has no frame of ours but the task body's and this one.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
         check_settings(params)
+    except SettingsError as exc:
+        problems = exc.problems
+    else:
+        return
+    for line in refusal_lines(problems):
+        log.error("%s", line)
+    log.error("nothing was prepared, launched or written: change the settings and trigger again")
+    raise AirflowFailException(refusal_summary(problems)) from None

@@ -39,11 +39,11 @@ log = logging.getLogger(__name__)
 
 
 def problem(fn: Callable[[], None]) -> list[str]:
-    """Return the problem ``fn`` raises, as a one-item list (empty when it passes)."""
+    """Return the problems ``fn`` raises, one sentence each (empty when it passes)."""
     try:
         fn()
     except SettingsError as exc:
-        return [str(exc)]
+        return list(exc.problems)
     except (OSError, ValueError, RuntimeError) as exc:
         return [str(exc)]
     return []

@@ -5,8 +5,9 @@ servers' log directory, the models a run may choose, the output root and its S3 
 protected prefixes, the data roots local sources may come from, the source catalogue and the
 servers' API key connection. They come from environment variables named ``REGEN_<SETTING>``
 (upper case; lists and objects as JSON) in the environment of every Airflow component that
-runs tasks, read when a task runs; only ``PARSE_TIME_SETTINGS`` (task arguments) are read
-when the DAG file is parsed, by ``DeploymentSettings.parse_time_values`` (environment only).
+runs tasks, read when a task runs; only ``PARSE_TIME_SETTINGS`` (task arguments, and the
+form's default model) are read when the DAG file is parsed, by
+``DeploymentSettings.parse_time_values`` (environment only).
 ``.env.example`` and docs/settings.md ("Deployment settings") list them;
 ``docker-compose.yaml`` sets them once for every service.
 """
@@ -30,8 +31,9 @@ from include.settings.fields import REPO_ROOT, SAMPLE_DATA_DIR, SourceSettings
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "REGEN_"
-#: The deployment settings that are task arguments, hence read when the DAG file is parsed.
-PARSE_TIME_SETTINGS = ("max_active_shards", "defer_health_gate")
+#: The deployment settings read when the DAG file is parsed: two task arguments, and the models
+#: a run may choose (the trigger form's default model is the first of them).
+PARSE_TIME_SETTINGS = ("max_active_shards", "defer_health_gate", "allowed_models")
 
 
 class ParseTimeValues(NamedTuple):
@@ -39,6 +41,7 @@ class ParseTimeValues(NamedTuple):
 
     max_active_shards: int
     defer_health_gate: bool
+    allowed_models: list[str]
 
 
 def env_name(setting: str) -> str:
@@ -129,7 +132,8 @@ class DeploymentSettings(BaseSettings):
     )
     allowed_models: list[str] = Field(
         ["Qwen/Qwen3.6-27B"], min_length=1,
-        description="Models a run may choose as model_path (hub ids or paths on the GPU host).",
+        description="Models a run may choose as model_path (hub ids or paths on the GPU host); "
+        "the first is the default. Read when the DAG file is parsed (the form's default).",
     )
     output_root: str = Field(
         str(REPO_ROOT / "var" / "runs"),

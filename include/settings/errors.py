@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import re
+import textwrap
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,7 +12,14 @@ from pydantic import ValidationError
 
 
 class SettingsError(ValueError):
-    """A setting is wrong; the message names it, the value it got and what it accepts."""
+    """A setting is wrong; the message names it, the value it got and what it accepts.
+
+    ``problems`` holds each wrong setting's sentence (one, unless ``raise_all`` found more).
+    """
+
+    def __init__(self, message: str, problems: Iterable[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems is not None else [message]
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -100,5 +109,37 @@ def raise_all(problems: list[str]) -> None:
         raise SettingsError(problems[0])
     if problems:
         raise SettingsError(
-            f"{len(problems)} settings are wrong:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+            f"{len(problems)} settings are wrong:\n" + "\n".join(f"  - {p}" for p in problems),
+            problems)
+
+
+#: Columns of a refusal's log lines: they fit a log viewer's width without scrolling sideways.
+LINE_WIDTH = 88
+_NAMED = re.compile(r"`([^`]+)`")
+
+
+def refused_names(problems: Iterable[str]) -> list[str]:
+    """Return the settings the problems name (each one's first `name`), in order, once each."""
+    names = [m[1] for p in problems if (m := _NAMED.search(p))]
+    return list(dict.fromkeys(names))
+
+
+def refusal_summary(problems: list[str]) -> str:
+    """Return one short line: how many settings are wrong and which (for a task's failure)."""
+    names = refused_names(problems)
+    count = f"{len(problems)} setting{'s' * (len(problems) != 1)}"
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"{count} refused{': ' + shown if shown else ''} (why: the log lines above)"
+
+
+def refusal_lines(problems: list[str], width: int = LINE_WIDTH) -> list[str]:
+    """Return the problems as short lines: each numbered, wrapped at ``width`` columns."""
+    lines = [f"{len(problems)} setting{'s' * (len(problems) != 1)} refused:"]
+    for i, text in enumerate(problems, 1):
+        head = f"{i}. "
+        for part in text.splitlines() or [""]:
+            lines += textwrap.wrap(part, width, initial_indent=head,
+                                   subsequent_indent=" " * len(head),
+                                   break_on_hyphens=False, break_long_words=False) or [head]
+            head = " " * len(head)
+    return lines

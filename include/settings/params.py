@@ -75,19 +75,33 @@ def _optional_in_form(schema: dict[str, Any]) -> None:
         schema["enum"] = [*schema["enum"], None]
 
 
+def deployment_defaults() -> dict[str, Any]:
+    """Return the run settings whose default comes from the deployment, read at parse time.
+
+    The model: the first of the deployment's allowed models, so the form's defaults are a run
+    this deployment accepts. Environment only (``parse_time_values``), as parsing must be.
+    """
+    return {"model_path": DeploymentSettings.parse_time_values().allowed_models[0]}
+
+
+#: What the settings reference says of the defaults ``deployment_defaults`` fills in.
+_DEPLOYMENT_DEFAULT_TEXT = {"model_path": f"the first of `{env_name('allowed_models')}`"}
+
+
 def airflow_params() -> dict[str, Any]:
     """Return the DAG's trigger form: one typed ``Param`` per run setting.
 
     Deployment settings are not in the form: a run cannot choose hosts, commands, credentials
-    or protected locations.
+    or protected locations; the defaults of ``deployment_defaults`` come from them.
     """
     from airflow.sdk import Param
 
     params: dict[str, Any] = {}
+    deployed = deployment_defaults()
     for name, prop in form_schemas().items():
         schema = {k: prop[k] for k in _FORM_KEYS if k in prop}
         _optional_in_form(schema)
-        params[name] = Param(prop.get("default"), title=prop["title"],
+        params[name] = Param(deployed.get(name, prop.get("default")), title=prop["title"],
                              description=prop["description"], section=prop["section"], **schema)
     return params
 
@@ -109,7 +123,8 @@ def settings_reference() -> str:
         if prop["section"] != section:
             section = prop["section"]
             lines += ["", f"**{section}**", "", "| setting | default | meaning |", "|---|---|---|"]
-        default = "the whole catalogue" if name == "sources" else _cell(prop.get("default"))
+        default = ("the whole catalogue" if name == "sources" else
+                   _DEPLOYMENT_DEFAULT_TEXT.get(name) or _cell(prop.get("default")))
         lines.append(f"| `{name}` | {default} | {prop['description']}{_choices(prop)} |")
     lines += ["", "**Keys of a `sources` entry**", "", "| key | default | meaning |",
               "|---|---|---|"]

@@ -71,7 +71,8 @@ class RunSettings(BaseModel):
         "calls). A source's own turns overrides this.", "first")
     # --- Model and servers --------------------------------------------------------------
     model_path: str = _s("Model and servers", "Model path",
-                        "Model the servers load: one of the deployment's allowed models.",
+                        "Model the servers load: one of the deployment's allowed models "
+                        "(by default the first).",
                         "Qwen/Qwen3.6-27B")
     # No ':' (SGLang refuses it at start-up: it marks a LoRA adapter, "model:adapter").
     served_model_name: str | None = _s(
@@ -266,12 +267,20 @@ class RunSettings(BaseModel):
     def from_mapping(cls, values: Any = None, deployment: Any = None) -> RunSettings:
         """Build run settings from a trigger conf or params; raise SettingsError if wrong.
 
-        ``None`` values mean "use the default" (an empty form field). The settings are bound
-        to ``deployment`` (read from the environment when not given): catalogue sources are
-        resolved, and the model, local paths and names are checked against it.
+        ``None`` values mean "use the default" (an empty form field); ``model_path``'s is the
+        first of the deployment's allowed models, as in the trigger form. The settings are
+        bound to ``deployment`` (read from the environment when not given): catalogue sources
+        are resolved, and the model, local paths and names are checked against it.
         """
+        from include.settings.deployment import DeploymentSettings
         from include.settings.resolve import resolve_run
 
+        if deployment is None:
+            deployment = DeploymentSettings.load()
+            deployment.check()
+        values = dict(values or {})
+        if values.get("model_path") is None:
+            values["model_path"] = deployment.allowed_models[0]
         return resolve_run(cls, values, deployment)
 
     @property

@@ -1,4 +1,4 @@
-"""The deployment settings the DAG file reads when parsed: those two, as the model reads them."""
+"""The deployment settings the DAG file reads when parsed: those three, as the model reads them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def test_the_health_gate_flag_reads_as_the_deployment_model_reads_it(monkeypatch
 def test_defaults_and_fields_are_the_deployment_models(monkeypatch) -> None:
     monkeypatch.delenv("REGEN_DEFER_HEALTH_GATE", raising=False)
     monkeypatch.delenv("REGEN_MAX_ACTIVE_SHARDS", raising=False)
-    assert DeploymentSettings.parse_time_values() == ParseTimeValues(3, True)
+    monkeypatch.delenv("REGEN_ALLOWED_MODELS", raising=False)
+    assert DeploymentSettings.parse_time_values() == ParseTimeValues(3, True,
+                                                                     ["Qwen/Qwen3.6-27B"])
     assert set(PARSE_TIME_SETTINGS) == set(ParseTimeValues._fields)
     assert set(PARSE_TIME_SETTINGS) <= set(DeploymentSettings.model_fields)
 
