@@ -7,11 +7,15 @@ source and cut into shards; each shard is answered by the target model on SGLang
 EAGLE-style) trains on.
 
 ```
-check_settings ─ prepare_prompts ─ launch_servers (setup) ─ wait_for_server[host:port] ─ preflight
-                                                                                            │
-          shard[shard-NNNNN] (mapped, depth-first): generate ─ upload ─ tokenize ───────────┘
-                                                      └─ report (quality gates, dataset asset)
-                                                                   └─ stop_servers (teardown)
+check_settings
+└─ prepare_prompts
+   └─ launch_servers (setup)
+      └─ health_targets
+         └─ wait_for_server[host:port] (mapped: one deferrable sensor per server)
+            └─ preflight
+               └─ shard[shard-NNNNN] (mapped, depth-first): generate ─ upload ─ tokenize
+                  ├─ report (quality gates, dataset asset)
+                  └─ stop_servers (teardown)
 ```
 * **check_settings** refuses, in seconds and before any work, every mistake that can be known
   in advance (each setting, value and what is accepted); nothing is prepared or launched.
