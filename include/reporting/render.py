@@ -112,6 +112,7 @@ def blocks(report: dict[str, Any]) -> list[Block]:
                            "max"], rows)))
     out += [("img", "prompt_tokens.png"), ("img", "completion_tokens.png"),
             ("img", "tokenized_length.png")]
+    out += trainer_blocks(report)
     if shards.get("regenerated"):
         out.append(("table", (["regenerated shard (force_regenerate)", "why"],
                               [[r["shard"], r["reason"] or "-"] for r in shards["regenerated"]])))
@@ -125,6 +126,21 @@ def blocks(report: dict[str, Any]) -> list[Block]:
     out.append(("p", "Each figure's single source of truth is listed in report.json under "
                      "`sources_of_truth`."))
     return [b for b in out if b[0] != "img" or b[1] in report.get("plots", [])]
+
+
+def trainer_blocks(report: dict[str, Any]) -> list[Block]:
+    """Return the trainer export's section: where it is, what it holds, what the card says."""
+    export, figures = report.get("trainer_export") or {}, report.get("trainers") or {}
+    if not export:
+        return []
+    where = (f"`{export['uri']}` ({export['bytes']:,} bytes from {export['shards']} shards, "
+             f"sha256 `{export['sha256']}`)" if export.get("written")
+             else f"`{export['uri']}`: {export.get('reason')}")
+    return [("h2", "Trainer export"),
+            ("p", f"The whole run for SpecForge's `data.prompts_path`: {where}. Per shard, for "
+                  f"speculators' `prepare-data --data`: `{export['folder_uri']}`. Longest row "
+                  f"{_fmt(figures.get('longest_row'))} tokens (the trainers' `max_length`). "
+                  "The dataset card says how to train on it.")]
 
 
 def quality_filter_blocks(qf: dict[str, Any]) -> list[Block]:

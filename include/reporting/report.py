@@ -329,6 +329,9 @@ def build_report(
     report = compute_report(settings, manifest, shards, run_id=run_id, outputs_uri=outputs_uri,
                             gates=gates, launch=launch, generate_results=generate_results,
                             settings_fingerprint=settings_fingerprint)
+    publish = report["passed"] and dataset_complete(manifest, shards)
+    report["trainer_export"] = write_run_export(
+        outputs_store, [s.shard_id for s in shards if s.tokenized], publish=publish)
     prefix = report_prefix(run_id)
     report["report_uri"] = outputs_store.uri(prefix + REPORT_HTML)
     files: dict[str, bytes] = {}
@@ -344,9 +347,6 @@ def build_report(
     files[prefix + REPORT_HTML] = render_html(report).encode()
     for key, data in files.items():
         outputs_store.write_new(key, data)
-    publish = report["passed"] and dataset_complete(manifest, shards)
-    report["trainer_export"] = write_run_export(
-        outputs_store, [s.shard_id for s in shards if s.tokenized], publish=publish)
     report["dataset_card"] = write_cards(outputs_store, report, manifest, settings,
                                          publish=publish)
     data = (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()

@@ -39,6 +39,8 @@ def test_the_publishing_report_joins_every_shards_export_in_shard_order(store, s
     # The longest row is shard-00001's last (110 + 29 tokens): the trainers' max_length.
     assert report["trainers"]["longest_row"] == 139 == max(len(r["input_ids"])
                                                           for r in _rows(whole))
+    page = store.read("report/r1/report.md").decode()
+    assert f"{export['bytes']:,} bytes from 3 shards" in page and "Longest row 139" in page
     # A retried report rebuilds the same bytes and succeeds.
     assert _report(store, settings, run_id="r1")["trainer_export"]["written"]
 
