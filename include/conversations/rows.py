@@ -87,13 +87,15 @@ def prefix_stability(turns: Sequence[tuple[Sequence[int], Sequence[int]]]) -> St
     return Stability(True)
 
 
-def conversation_row(state: ChainState) -> Row | Stability:
-    """Return the whole-conversation row, or the ``Stability`` that says why there is none.
+def whole_row(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
+              ) -> tuple[list[int], list[int]] | Stability:
+    """Return a whole conversation's ``(input_ids, loss_mask)``, or why there is none.
 
-    One sequence (the last turn's prompt + sampled ids), the loss on every target turn's
-    sampled ids at the positions where the server sampled them. Raises NoServerIds.
+    ``pairs``: each target turn's ``(prompt_ids, sampled_ids)`` as the server returned them,
+    in order. One sequence (the last turn's prompt + sampled ids), the loss on every target
+    turn's sampled ids at the positions where the server sampled them. The tokenization
+    stage writes its whole-conversation rows with this function.
     """
-    pairs = _ids(state)
     if not pairs:
         return Stability(False, None, None, "no target turns")
     stability = prefix_stability(pairs)
@@ -103,5 +105,20 @@ def conversation_row(state: ChainState) -> Row | Stability:
     mask = [0] * len(ids)
     for prompt, sampled in pairs:
         mask[len(prompt):len(prompt) + len(sampled)] = [1] * len(sampled)
-    return Row(state.conversation_id, tuple(t.index for t in state.turns), ids, mask,
+    trained = [t for _, sampled in pairs for t in sampled]
+    if [t for t, m in zip(ids, mask, strict=True) if m] != trained:
+        # prefix_stability makes this unreachable; a row that is not exact is never written.
+        raise AssertionError("the whole-conversation row is not its turns' sampled ids")
+    return ids, mask
+
+
+def conversation_row(state: ChainState) -> Row | Stability:
+    """Return a chain's whole-conversation row (``whole_row`` of its turns), or why none.
+
+    Raises NoServerIds.
+    """
+    built = whole_row(_ids(state))
+    if isinstance(built, Stability):
+        return built
+    return Row(state.conversation_id, tuple(t.index for t in state.turns), *built,
                tuple(str(t.result.finish_reason) for t in state.turns))

@@ -11,7 +11,7 @@ server's own data.
 ``merge`` then writes one whole-conversation row (id = the conversation id; the last turn's
 prompt ids + sampled ids, the loss on every target turn's sampled ids) where every turn of
 the conversation became a row from the server's ids and the turns are prefix-stable, checked
-token by token (``include.conversations.rows.prefix_stability``); elsewhere the per-turn rows
+token by token and built by ``include.conversations.rows.whole_row``; elsewhere the per-turn rows
 stay. Qwen3's template drops earlier turns' reasoning from the history, so a conversation
 with thinking is usually not prefix-stable: the manifest counts why, by first difference.
 """
@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import compress
 from typing import Any
 
-from include.conversations.rows import prefix_stability
+from include.conversations.rows import Stability, whole_row
 from include.tokenization.assembly import GENERATED_MARK
 from include.tokenization.outputs import Sample, TokenizeResult
 
@@ -114,15 +113,15 @@ def merge(result: TokenizeResult, found: Conversations, *, whole_rows: bool = Tr
         if reason is None:
             pairs = [(found.records[t]["prompt_token_ids"], found.records[t]["response_token_ids"])
                      for t in ids]
-            stability = prefix_stability(pairs)
-            if stability.stable:
+            built = whole_row(pairs)
+            if not isinstance(built, Stability):
                 replaced.update(dict.fromkeys(ids[:-1]))
-                replaced[ids[-1]] = _whole(cid, [by_id[t] for t in ids], pairs)
+                replaced[ids[-1]] = _whole(cid, [by_id[t] for t in ids], *built)
                 found.whole_rows += 1
                 found.count_rows(cid, "whole_rows", 1)
                 continue
             reason = "not_prefix_stable"
-            found.example = found.example or f"{cid}: {stability.detail}"
+            found.example = found.example or f"{cid}: {built.detail}"
         found.kept_apart[reason] += 1
         kept = sum(t in by_id for t in ids)
         found.turn_rows += kept
@@ -150,17 +149,8 @@ def _apart(ids: list[str], by_id: Mapping[str, Sample], found: Conversations,
     return None
 
 
-def _whole(cid: str, samples: list[Sample], pairs: list[tuple[list[int], list[int]]]) -> Sample:
-    """Return the whole-conversation sample; its masked ids are every turn's sampled ids."""
-    last_prompt, last_sampled = pairs[-1]
-    ids = [*last_prompt, *last_sampled]
-    mask = [0] * len(ids)
-    for prompt, sampled in pairs:
-        mask[len(prompt):len(prompt) + len(sampled)] = [1] * len(sampled)
-    trained = [t for _, sampled in pairs for t in sampled]
-    if list(compress(ids, mask)) != trained or ids[: len(pairs[0][0])] != list(pairs[0][0]):
-        # prefix_stability makes this unreachable; a row that is not exact is never written.
-        raise AssertionError(f"{cid}: the whole-conversation row is not its turns' ids")
+def _whole(cid: str, samples: list[Sample], ids: list[int], mask: list[int]) -> Sample:
+    """Return the whole-conversation sample (``rows.whole_row``'s ids and mask)."""
     last = samples[-1]
     return Sample(cid, last.source, last.finish_reason, ids, mask, last.conversation,
                   last.token_source, {**last.provenance, "turns": len(samples)})
