@@ -78,6 +78,9 @@ NATIVE_ONLY = {
     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": "each container has its own 8793",
     "AIRFLOW__CORE__HOSTNAME_CALLABLE": "each worker container has its own hostname",
     "DEPLOY_WORKER_NAME": "the worker's name, read by that hostname callable",
+    "AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS": "the API server reaches each worker's log server "
+    "by its container's hostname on 8793 (natively: scripts/deploy_logs.py)",
+    "DEPLOY_WORKER_LOG_SERVERS": "each worker's log server port, read by that log handler",
     "HF_HUB_OFFLINE": "this machine reaches no model hub",
     "HF_DATASETS_OFFLINE": "this machine reaches no model hub",
     "PATH": "the image's PATH",
@@ -247,6 +250,9 @@ class Tier:
             "HF_DATASETS_OFFLINE": "1",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
+        if component == "api-server":  # it reads a running task's log from its worker
+            env["AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS"] = "scripts.deploy_logs.LOGGING_CONFIG"
+            env["DEPLOY_WORKER_LOG_SERVERS"] = json.dumps({w: p[f"{w}_logs"] for w in WORKERS})
         if component in WORKERS:
             env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(p[f"{component}_logs"])
             env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] = "scripts.deploy_hostname.worker_hostname"

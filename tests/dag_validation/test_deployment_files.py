@@ -428,3 +428,27 @@ def test_helpers_detect_what_they_should() -> None:
         "3.3.2"
     )
     assert not is_airflow_service({"image": "postgres:16", "environment": {"POSTGRES_DB": "x"}})
+
+
+def test_the_native_api_server_reaches_each_workers_log_server(native_tier, monkeypatch) -> None:
+    # Issue 27: every running task's log said "Could not read served logs ... Failed to
+    # resolve 'worker-1' ... port=8793": the workers' names resolve nowhere, their ports differ.
+    from types import SimpleNamespace
+
+    from scripts.deploy import WORKERS
+    from scripts.deploy_logs import LOG_SERVERS_ENV, NativeTierTaskHandler
+
+    api = native_tier.component_environment("api-server")
+    assert api["AIRFLOW__LOGGING__LOGGING_CONFIG_CLASS"] == "scripts.deploy_logs.LOGGING_CONFIG"
+    monkeypatch.setenv(LOG_SERVERS_ENV, api[LOG_SERVERS_ENV])
+    handler = NativeTierTaskHandler("/tmp")
+    for worker in WORKERS:
+        env = native_tier.component_environment(worker)
+        reported = env["DEPLOY_WORKER_NAME"]  # what the hostname callable returns there
+        ti = SimpleNamespace(hostname=reported, triggerer_job=None)
+        url, _ = handler._get_log_retrieval_url(ti, "dag_id=d/attempt=1.log")
+        assert url == (f"http://127.0.0.1:{env['AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT']}"
+                       "/log/dag_id=d/attempt=1.log")
+    # A host it does not list (compose's containers) keeps Airflow's own URL.
+    url, _ = handler._get_log_retrieval_url(SimpleNamespace(hostname="abc123"), "x.log")
+    assert url.startswith("http://abc123:")
