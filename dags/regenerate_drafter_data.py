@@ -35,7 +35,9 @@ check_settings
 
 Servers cross XCom as identifiers (host and port) only: every task rebuilds a server's SSH
 connection, command prefix, log directory and URL from the deployment settings and refuses an
-identifier the deployment does not list (XCom can be edited over the REST API).
+identifier the deployment does not list (XCom can be edited over the REST API). Likewise a
+shard's outputs go where the run's settings and run id put them; the plan's `outputs_uri` is
+only compared with that location, and any other is refused before a byte is written.
 
 The trigger form holds the *run settings* (what a run does); the same names work in
 `airflow dags trigger regenerate_drafter_data -c '{"shard_range": "120-179"}'`. Hosts, commands,
@@ -172,18 +174,19 @@ def regenerate_drafter_data() -> None:
 
         @task(map_index_template=SHARD_NAME)
         def upload(shard_id: str, generated: dict, outputs_uri: str,
-                   params: dict | None = None) -> str:
+                   params: dict | None = None, run_id: str | None = None) -> str:
             """Publish the shard's completions create-only, with checksums."""
             from include.pipeline.upload import run
 
-            return run(shard_id, generated, outputs_uri, params)
+            return run(shard_id, generated, outputs_uri, params, run_id)
 
         @task(map_index_template=SHARD_NAME)
-        def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None) -> str:
+        def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None,
+                     run_id: str | None = None) -> str:
             """Tokenize the shard into input_ids + loss_mask, checked token by token."""
             from include.pipeline.tokenize import run
 
-            return run(shard_id, outputs_uri, params)
+            return run(shard_id, outputs_uri, params, run_id)
 
         # Keyword arguments: the shard names in the grid (SHARD_NAME) read them by name.
         generated = generate(shard_id=shard_id, servers=servers, outputs_uri=outputs_uri,

@@ -1,7 +1,8 @@
 """``shard.generate``: one shard's completions into its journal, one writer at a time.
 
 Binds the settings, turns the servers' identifiers (XCom) into the deployment's own URLs
-before any request, opens the outputs and prompts stores, and gives the generation stage
+before any request, opens the outputs (at the location rebuilt from the settings and run id,
+the plan's ``outputs_uri`` only compared) and prompts stores, and gives the generation stage
 Airflow's answers as callables: whether another run that holds the shard is still live, and
 (for a shard queued ahead) whether one of the run's generation slots is free.
 """
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
-from include.pipeline.run import bind, fail_without_retry, open_run_store
+from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 
 
 def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
@@ -30,6 +31,7 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
 
     settings = bind(params)
     with fail_without_retry(XComMismatchError):
+        outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
         urls = trusted_urls(servers, settings)
     slot_free = (airflow_slot_free(dag_id, ti.task_id, run_id, ti.map_index, slots)
                  if ti and run_id else None)
@@ -37,7 +39,7 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     # looked, or one that raced it) fails for good: a retry would be refused the same way.
     with fail_without_retry(JournalSettingsError):
         return shard.generate_shard(settings, shard_id, urls,
-                                    open_run_store(settings, outputs_uri),
+                                    open_run_store(settings, outputs),
                                     open_run_store(settings), wait_for, run_id=run_id,
                                     is_live=airflow_run_is_live(dag_id), slot_free=slot_free,
                                     lease_ttl_s=settings.deployment.lease_ttl_s)

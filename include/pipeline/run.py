@@ -12,7 +12,7 @@ from typing import Any
 
 from include.layout import regeneration_prefix
 from include.settings import RunSettings, SettingsError
-from include.storage import Store, open_store
+from include.storage import Store, StoreError, normalize_location, open_store
 
 
 def bind(params: Mapping[str, Any] | None) -> RunSettings:
@@ -34,6 +34,32 @@ def outputs_uri(settings: RunSettings, run_id: str) -> str:
     if not settings.force_regenerate:
         return settings.run_uri
     return f"{settings.run_uri}/{regeneration_prefix(run_id)}"
+
+
+def trusted_outputs_uri(settings: RunSettings, run_id: str | None, given: Any) -> str:
+    """Return this run's output location, rebuilt from its settings and run id.
+
+    ``given`` is the plan entry's ``outputs_uri`` (XCom, which can be edited): it is only
+    compared, never opened, and any other location is refused (XComMismatchError, before a
+    byte is written), as server identifiers are (``servers.report.trusted_spec``).
+    """
+    from include.servers.report import XComMismatchError
+
+    expected = outputs_uri(settings, run_id or "manual")
+    try:
+        same = isinstance(given, str) and normalize_location(given) == normalize_location(
+            expected)
+    except StoreError:
+        same = False
+    if not same:
+        shown = repr(given) if len(repr(given)) <= 200 else repr(given)[:200] + "...'"
+        raise XComMismatchError(
+            f"outputs_uri {shown} in XCom is not this run's output location {expected!r}: "
+            "XCom did not match the deployment; refusing it before anything is written (the "
+            "location is rebuilt from deployment setting `output_root`, the run's `run_name` "
+            "and `force_regenerate` and the Airflow run id, never taken from XCom). If the "
+            "plan was edited, clear prepare_prompts and its downstream tasks to plan again")
+    return expected
 
 
 def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:

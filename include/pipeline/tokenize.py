@@ -5,14 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, open_run_store
+from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 
 
-def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None) -> str:
+def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None,
+        run_id: str | None = None) -> str:
     """The tokenize task: tokenize the shard, token by token against the server's ids;
-    return the shard id."""
+    return the shard id. The outputs are where the run's settings and ``run_id`` put them:
+    ``outputs_uri`` (XCom) is only compared."""
+    from include.servers.report import XComMismatchError
     from include.tokenization.stage import tokenize_run_shard
 
     settings = bind(params)
-    tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs_uri))
+    with fail_without_retry(XComMismatchError):
+        outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
+    tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs))
     return shard_id

@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, open_run_store
+from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 
 
 def run(shard_id: str, generated: dict[str, Any], outputs_uri: str,
-        params: Mapping[str, Any] | None) -> str:
+        params: Mapping[str, Any] | None, run_id: str | None = None) -> str:
     """The upload task: build the shard's file from its journal and publish it; return the
-    shard id (the generate summary's lease token fences a taken-over try)."""
+    shard id (the generate summary's lease token fences a taken-over try). The outputs are
+    where the run's settings and ``run_id`` put them: ``outputs_uri`` (XCom) is only compared.
+    """
     from include.generation.shard import publish_shard
+    from include.servers.report import XComMismatchError
 
     settings = bind(params)
-    publish_shard(shard_id, open_run_store(settings, outputs_uri), open_run_store(settings),
+    with fail_without_retry(XComMismatchError):
+        outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
+    publish_shard(shard_id, open_run_store(settings, outputs), open_run_store(settings),
                   generated)
     return shard_id

@@ -1,19 +1,23 @@
-"""The DAG's task bodies take servers from XCom as identifiers and refuse one not deployed.
+"""The DAG's task bodies take servers from XCom as identifiers and refuse one not deployed,
+and write a shard's outputs only where the run's settings and run id put them.
 
 XCom can be edited over the REST API (Op and Admin users): an edited list of servers must not
 make a shard send its prompts and the API key anywhere, nor an edited launch report make the
-gate, preflight or teardown act on a host or command of its choosing. The task bodies are
-called as Airflow calls them, with the deployment in the environment (``REGEN_*``).
+gate, preflight or teardown act on a host or command of its choosing, nor an edited plan
+entry's ``outputs_uri`` make a shard write its journal, lease or files anywhere else. The task
+bodies are called as Airflow calls them, with the deployment in the environment (``REGEN_*``).
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
+from include.pipeline.run import outputs_uri
 from include.servers.checks import ModelExpectation
 from include.servers.commands import server_specs
 from include.servers.report import Action, LaunchReport, ServerOutcome
@@ -80,16 +84,67 @@ def test_generate_refuses_an_edited_server_list_before_any_request(
 ) -> None:
     with pytest.raises(AirflowFailException, match=MISMATCH):
         body(dag, "shard.generate")(shard_id="shard-00000", servers=servers,
-                                    outputs_uri="unused", wait_for=None, params={})
+                                    outputs_uri=deployed.run_uri, wait_for=None, params={})
     assert sent == []
 
 
 def test_generate_sends_to_the_deployments_own_urls(
     dag: Any, deployed: RunSettings, sent: list[list[str]]
 ) -> None:
-    body(dag, "shard.generate")(shard_id="shard-00000", servers=IDENTS, outputs_uri="unused",
-                                wait_for=None, params={})
+    body(dag, "shard.generate")(shard_id="shard-00000", servers=IDENTS,
+                                outputs_uri=deployed.run_uri, wait_for=None, params={})
     assert sent == [["http://127.0.0.1:30000", "http://127.0.0.1:30001"]]
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def _shard_task(dag: Any, task_id: str, outputs: Any, run_id: str, params: dict) -> None:
+    """Call a shard task body as Airflow does, with the plan entry's ``outputs_uri``."""
+    kwargs: dict[str, Any] = {"shard_id": "shard-00000", "outputs_uri": outputs,
+                              "params": params}
+    if "run_id" in inspect.signature(body(dag, task_id)).parameters:  # not in older releases
+        kwargs["run_id"] = run_id
+    if task_id == "shard.generate":
+        kwargs.update(servers=IDENTS, wait_for=None)
+    if task_id == "shard.upload":
+        kwargs["generated"] = {"shard_id": "shard-00000", "already_done": False,
+                               "lease": {"generation": 1, "holder": "x"}}
+    body(dag, task_id)(**kwargs)
+
+
+@pytest.mark.parametrize("task_id", ["shard.generate", "shard.upload", "shard.tokenize"])
+@pytest.mark.parametrize("where", ["outside", "other_run", "not_forced", "other_airflow_run",
+                                   "not_a_string"])
+def test_a_shard_task_refuses_an_edited_outputs_uri_before_writing_a_byte(
+    dag: Any, deployed: RunSettings, tmp_path: Path, task_id: str, where: str
+) -> None:
+    """Before: the tasks opened the plan entry's ``outputs_uri`` as given (only protected
+    prefixes checked) and wrote the journal settings, lease and segments there."""
+    run_id = "manual__2026-12-02T05:00:00+00:00"
+    forced = {"force_regenerate": True}
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    params, edited = {
+        # A local folder outside the output root and every data root.
+        "outside": ({}, str(outside)),
+        "other_run": ({}, str(tmp_path / "someone_elses_run")),
+        # Under force_regenerate the run writes a fresh folder, never its own location.
+        "not_forced": (forced, deployed.run_uri),
+        "other_airflow_run": (forced, outputs_uri(RunSettings.from_mapping(forced),
+                                                  "manual__other")),
+        "not_a_string": ({}, {"uri": deployed.run_uri}),
+    }[where]
+    expected = outputs_uri(RunSettings.from_mapping(params), run_id)
+    try:
+        _shard_task(dag, task_id, edited, run_id, params)
+        refused: BaseException | None = None
+    except Exception as exc:  # noqa: BLE001 - judged below, after what was written
+        refused = exc
+    assert _files(outside) == [] and _files(tmp_path) == []  # not a byte, anywhere
+    assert isinstance(refused, AirflowFailException), refused
+    message = str(refused)
+    assert "outputs_uri" in message and expected in message and MISMATCH in message
 
 
 def test_the_gate_preflight_and_teardown_refuse_an_edited_launch_report(

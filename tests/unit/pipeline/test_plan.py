@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from include.pipeline.plan import check_map_length, plan_run, stagger
-from include.pipeline.run import outputs_uri
+from include.pipeline.run import outputs_uri, trusted_outputs_uri
 from include.prompts import MANIFEST_KEY
 from include.prompts.prepare import shard_id
+from include.servers.report import XComMismatchError
 from include.settings import RunSettings, SettingsError
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
@@ -59,6 +60,13 @@ def test_shard_range_skips_complete_shards_and_force_goes_elsewhere(settings) ->
     assert [p["shard_id"] for p in plan] == ["shard-00000", "shard-00001", "shard-00002"]
     assert plan[0]["outputs_uri"] == outputs_uri(forced, "manual__2026-11-30T01:00:00+00:00")
     assert "/regenerations/manual__2026-11-30T01_00_00_00_00" in plan[0]["outputs_uri"]
+    # What the plan says is what the shard tasks rebuild (spelled any way), and nothing else.
+    run_id = "manual__2026-11-30T01:00:00+00:00"
+    for given in (plan[0]["outputs_uri"], plan[0]["outputs_uri"] + "/"):
+        assert trusted_outputs_uri(forced, run_id, given) == plan[0]["outputs_uri"]
+    for given in (settings.run_uri, plan[0]["outputs_uri"] + "/..", "s3:/x", None):
+        with pytest.raises(XComMismatchError, match="not this run's output location"):
+            trusted_outputs_uri(forced, run_id, given)
     too_far = _changed(settings, shard_range="0-99")
     with pytest.raises(SettingsError, match="outside the"):
         plan_run(too_far, "run-3")
