@@ -7,8 +7,8 @@ implementations share them without importing each other.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import BinaryIO, Protocol
 
 #: The longest line ``iter_lines`` yields: a longer one is not a prompt record, and reading
 #: it whole would hold an unbounded object in memory.
@@ -33,6 +33,16 @@ class Store(Protocol):
         """Create ``key``; return False if it already held the same bytes.
 
         Raises ObjectExistsError if it holds different bytes.
+        """
+        ...
+
+    def write_new_concat(self, key: str, sources: Sequence[str]) -> tuple[int, str]:
+        """Create ``key`` holding the objects at ``sources`` one after another, in order.
+
+        Create-only as ``write_new``, in bounded memory (the sources are streamed, never
+        read whole). Return the size in bytes and the SHA-256 hex of the whole; the same if
+        ``key`` already held exactly those bytes (a retried task). ObjectExistsError if it
+        holds other bytes; FileNotFoundError naming a missing source.
         """
         ...
 
@@ -61,6 +71,24 @@ class Store(Protocol):
         same folder; ``""`` is the root.
         """
         ...
+
+
+def read_chunks(files: Iterable[BinaryIO], chunk: int = 8 * 1024 * 1024) -> Iterator[bytes]:
+    """Yield the bytes of ``files`` in order, ``chunk`` at a time, closing each when read."""
+    for fh in files:
+        with fh:
+            yield from iter(lambda fh=fh: fh.read(chunk), b"")
+
+
+def copy_hashed(files: Iterable[BinaryIO], write: Callable[[bytes], object]) -> tuple[int, str]:
+    """Pass the bytes of ``files`` to ``write`` in order; return their size and SHA-256 hex."""
+    digest = hashlib.sha256()
+    size = 0
+    for piece in read_chunks(files):
+        digest.update(piece)
+        size += len(piece)
+        write(piece)
+    return size, digest.hexdigest()
 
 
 def split_lines(chunks: Iterator[bytes], where: str) -> Iterator[bytes]:

@@ -34,15 +34,15 @@ def prove_create_only(store: Any) -> str:
     Raise StoreError naming the store when a second write of one key was not refused. A
     local directory is create-only by construction (``O_EXCL``) and is not probed.
     """
-    if not hasattr(store, "put_unconditional_check"):
+    if not hasattr(store, "try_create"):
         return "create-only by construction"
     marker = _marker_key(store)
     if store.exists(marker):
         return "proven before"
     probe = f"{PROBE_FOLDER}/probe-{uuid.uuid4().hex}"
-    if not store.put_unconditional_check(probe, b"first"):
+    if not store.try_create(probe, b"first"):
         raise StoreError(f"{store.uri(probe)}: a fresh probe key was refused as existing")
-    if store.put_unconditional_check(probe, b"second"):
+    if store.try_create(probe, b"second"):
         raise StoreError(
             f"the store at {store.root} (endpoint {getattr(store, 'endpoint', '?')}) "
             "overwrote an existing key although the write asked If-None-Match: *; it would "

@@ -3,7 +3,8 @@
 Every write is conditional (``If-None-Match: *``), so a key that exists is never replaced,
 not even by a racing writer: S3 answers 412 and this store then compares the existing object
 with the new bytes (identical: the write counts as done; different: ``ObjectExistsError``).
-Objects above ``multipart_threshold`` go up in parts with the condition on the completing call.
+Objects above ``multipart_threshold`` go up in parts with the condition on the completing call
+(``s3_upload.py``).
 Each object carries its SHA-256 in user metadata (``x-amz-meta-sha256``) and is verified after
 upload (the server's SHA-256 checksum when it returns one, otherwise a read-back).
 """
@@ -14,18 +15,20 @@ import base64
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, BinaryIO
 
-from include.storage.base import split_lines
+from include.storage.base import copy_hashed, read_chunks, split_lines
 from include.storage.errors import ObjectExistsError, StoreError
-from include.storage.locations import check_write, parse_location
+from include.storage.locations import check_write
+from include.storage.s3_client import make_s3_client, split_s3_uri
 from include.storage.s3_errors import (
     NOT_FOUND_CODES,
     ConditionalConflict,
     error_code,
     store_error,
 )
+from include.storage.s3_upload import cut_parts, hashed, part_size_for, upload_parts
 
 log = logging.getLogger(__name__)
 
@@ -35,48 +38,11 @@ MIN_PART_SIZE = 5 * MiB
 DEFAULT_MULTIPART_THRESHOLD = 64 * MiB
 DEFAULT_PART_SIZE = 16 * MiB
 _READ_CHUNK = 8 * MiB
+#: Reads that parts are cut from: small, so a part's buffer stays near the part size.
+_STREAM_CHUNK = MiB
 #: Retries of a conditional write that S3 answered with 409 ConditionalRequestConflict (a
 #: concurrent conditional write of the same key was in flight).
 _CONFLICT_RETRIES = 5
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    """Return ``(bucket, key_prefix)`` of ``s3://bucket/a/b``, normalised as every location is.
-
-    The prefix has no edge slashes (see ``include.storage.locations``); StoreError for a URI
-    that is not an s3:// location or not a valid one.
-    """
-    loc = parse_location(uri)
-    if loc.scheme != "s3":
-        raise StoreError(f"{uri!r} is not an s3:// location")
-    return loc.bucket, "/".join(loc.segments)
-
-
-def make_s3_client(conn_id: str | None = "aws_default", endpoint_url: str | None = None) -> Any:
-    """Return a boto3 S3 client: from Airflow's ``S3Hook(conn_id)``, else plain boto3.
-
-    With ``endpoint_url`` given (tests, CLI), a plain client for that endpoint is built with
-    credentials from the environment. Otherwise the Airflow connection supplies endpoint,
-    region and credentials (``extra.endpoint_url``); without Airflow installed, boto3's default
-    chain applies.
-    """
-    import boto3
-
-    if endpoint_url is None and conn_id:
-        try:
-            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-        except ImportError:
-            pass
-        else:
-            try:
-                return S3Hook(aws_conn_id=conn_id).get_conn()
-            except Exception as exc:  # the hook raises AirflowNotFoundException and friends
-                raise StoreError(
-                    f"cannot build an S3 client from Airflow connection {conn_id!r} "
-                    f"({type(exc).__name__}: {exc}); define it (AIRFLOW_CONN_{conn_id.upper()} "
-                    "or the Connections UI) with the endpoint URL in its extra"
-                ) from exc
-    return boto3.client("s3", endpoint_url=endpoint_url)
 
 
 class S3Store:
@@ -123,11 +89,16 @@ class S3Store:
         return f"s3://{self.bucket}/{self._key(key)}"
 
     # --- errors ---------------------------------------------------------------------------
-    def _error(self, exc: Exception, action: str, key: str | None = None) -> StoreError:
-        """Return a StoreError that names endpoint, bucket, location and the fix."""
+    def _error(self, exc: Exception, action: str, key: str | None = None, *,
+               conditional: bool = False) -> StoreError:
+        """Return a StoreError that names endpoint, bucket, location and the fix.
+
+        ``conditional``: the failed request carried ``If-None-Match: *``.
+        """
         return store_error(
             exc, action, self.uri(key) if key else self.root, endpoint=self.endpoint,
             bucket=self.bucket, conn_id=self.conn_id, about_bucket=key is None,
+            conditional=conditional,
         )  # fmt: skip
 
     def check_access(self) -> None:
@@ -250,36 +221,90 @@ class S3Store:
         for attempt in range(_CONFLICT_RETRIES + 1):
             try:
                 if len(data) > self.multipart_threshold:
-                    created = self._put_multipart(full, data, sha_hex)
+                    created, composite = self._put_multipart(full, data, sha_hex)
                 else:
-                    created = self._put_single(full, data, digest)
+                    created, composite = self._put_single(full, data, digest), ""
             except ConditionalConflict:
                 # Another conditional write of this key is in flight; S3 asks us to retry.
                 time.sleep(0.05 * 2**attempt)
                 continue
             if not created:
-                return self._settle_existing(key, data, sha_hex)
-            self._verify(key, sha_hex, created)
+                return self._settle_existing(key, len(data), sha_hex)
+            self._verify(key, sha_hex, created, composite)
             return True
-        raise StoreError(
+        raise self._kept_conflicting(key)
+
+    def write_new_concat(self, key: str, sources: Sequence[str]) -> tuple[int, str]:
+        full = self._key(key)
+        check_write(self.uri(key), self.protected)
+        total = sum(self._source_size(source, key) for source in sources)
+        if total <= self.multipart_threshold:  # small: one conditional PUT, as write_new
+            data = b"".join(read_chunks(self._open_source(s, key) for s in sources))
+            self.write_new(key, data)
+            return len(data), hashlib.sha256(data).hexdigest()
+        if self._head(key) is not None:  # a retried task: compare, without re-uploading
+            size, sha_hex = copy_hashed((self._open_source(s, key) for s in sources), len)
+            self._settle_existing(key, size, sha_hex)
+            return size, sha_hex
+        for attempt in range(_CONFLICT_RETRIES + 1):
+            whole = hashlib.sha256()
+            stream = read_chunks((self._open_source(s, key) for s in sources), _STREAM_CHUNK)
+            parts = cut_parts(hashed(stream, whole), part_size_for(total, self.part_size))
+            try:
+                # The whole's hash is known only at the end, so this object carries no
+                # sha256 metadata; the composite checksum verifies it instead.
+                created, composite = self._upload(full, parts, {})
+            except ConditionalConflict:
+                time.sleep(0.05 * 2**attempt)
+                continue
+            if not created:
+                self._settle_existing(key, total, whole.hexdigest())
+            else:
+                self._verify(key, whole.hexdigest(), created, composite)
+            return total, whole.hexdigest()
+        raise self._kept_conflicting(key)
+
+    def _source_size(self, source: str, key: str) -> int:
+        head = self._head(source)
+        if head is None:
+            raise FileNotFoundError(f"{self.uri(source)}: no such object (a source of "
+                                    f"{self.uri(key)})")
+        return int(head["ContentLength"])
+
+    def _open_source(self, source: str, key: str) -> BinaryIO:
+        try:
+            body: BinaryIO = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(source))["Body"]
+            return body
+        except Exception as exc:
+            if error_code(exc) in NOT_FOUND_CODES:
+                raise FileNotFoundError(f"{self.uri(source)}: no such object (a source of "
+                                        f"{self.uri(key)})") from None
+            raise self._error(exc, "reading", source) from exc
+
+    def _kept_conflicting(self, key: str) -> StoreError:
+        return StoreError(
             f"writing {self.uri(key)}: S3 kept answering ConditionalRequestConflict; another "
             "writer is writing this key right now. Retry the task."
         )
 
-    def put_unconditional_check(self, key: str, data: bytes) -> bool:
+    def try_create(self, key: str, data: bytes, *, multipart: bool = False) -> bool:
         """Write ``key`` with ``If-None-Match: *`` once; return whether the store took it.
 
         Only for ``include.storage.probe``: False means the store refused the key as existing,
-        as a create-only store must on a second write.
+        as a create-only store must on a second write. ``multipart``: as a one-part upload,
+        the condition on its completion. Nothing is verified or compared.
         """
         check_write(self.uri(key), self.protected)
+        full = self._key(key)
         for attempt in range(_CONFLICT_RETRIES + 1):
             try:
-                return self._put_single(self._key(key), data,
-                                        hashlib.sha256(data).digest()) is not None
+                if multipart:
+                    return self._upload(full, [data], {})[0] is not None
+                return self._put_single(full, data, hashlib.sha256(data).digest()) is not None
             except ConditionalConflict:
                 time.sleep(0.05 * 2**attempt)
-        raise StoreError(f"probing {self.uri(key)}: S3 kept answering ConditionalRequestConflict")
+        raise self._kept_conflicting(key)
 
     def _put_single(self, full: str, data: bytes, digest: bytes) -> dict[str, Any] | None:
         """Return the put response, or None when the key already exists (412)."""
@@ -287,97 +312,54 @@ class S3Store:
 
         try:
             return self.client.put_object(
-                Bucket=self.bucket,
-                Key=full,
-                Body=data,
-                IfNoneMatch="*",
-                ChecksumSHA256=base64.b64encode(digest).decode(),
-                Metadata={"sha256": digest.hex()},
-            )
+                Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*",
+                ChecksumSHA256=base64.b64encode(digest).decode(), Metadata={"sha256": digest.hex()})
         except ClientError as exc:
             code = error_code(exc)
             if code == "PreconditionFailed":
                 return None
             if code == "ConditionalRequestConflict":
                 raise ConditionalConflict from exc
-            raise self._error(exc, "writing", self._rel(full)) from exc
+            raise self._error(exc, "writing", self._rel(full), conditional=True) from exc
         except Exception as exc:
             raise self._error(exc, "writing", self._rel(full)) from exc
 
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
-    def _put_multipart(self, full: str, data: bytes, sha_hex: str) -> dict[str, Any] | None:
-        """Upload in parts; return the completion, or None when the key already exists."""
+    def _put_multipart(self, full: str, data: bytes, sha_hex: str
+                       ) -> tuple[dict[str, Any] | None, str]:
+        """Upload in parts; return the completion and the composite checksum, or (None, "")
+        when the key already exists."""
+        # A retried task would otherwise re-upload gigabytes only to be refused at completion.
+        if self._head(self._rel(full)) is not None:
+            return None, ""
+        size = part_size_for(len(data), self.part_size)
+        view = memoryview(data)
+        parts = (bytes(view[start : start + size]) for start in range(0, len(data), size))
+        return self._upload(full, parts, {"sha256": sha_hex})
+
+    def _upload(self, full: str, parts: Iterable[bytes], metadata: dict[str, str]
+                ) -> tuple[dict[str, Any] | None, str]:
+        """``upload_parts`` with its errors named (ConditionalConflict passes through)."""
         from botocore.exceptions import ClientError
 
-        key = self._rel(full)
-        # A retried task would otherwise re-upload gigabytes only to be refused at completion.
-        if self._head(key) is not None:
-            return None
         try:
-            upload_id = self.client.create_multipart_upload(
-                Bucket=self.bucket,
-                Key=full,
-                ChecksumAlgorithm="SHA256",
-                Metadata={"sha256": sha_hex},
-            )["UploadId"]
-        except Exception as exc:
-            raise self._error(exc, "starting multipart upload of", key) from exc
-        try:
-            parts = []
-            view = memoryview(data)
-            for number, start in enumerate(range(0, len(data), self.part_size), 1):
-                chunk = view[start : start + self.part_size]
-                part_sum = base64.b64encode(hashlib.sha256(chunk).digest()).decode()
-                reply = self.client.upload_part(
-                    Bucket=self.bucket,
-                    Key=full,
-                    UploadId=upload_id,
-                    PartNumber=number,
-                    Body=bytes(chunk),
-                    ChecksumSHA256=part_sum,
-                )
-                parts.append(
-                    {
-                        "PartNumber": number,
-                        "ETag": reply["ETag"],
-                        "ChecksumSHA256": reply.get("ChecksumSHA256") or part_sum,
-                    }
-                )
-            return self.client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=full,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
-                IfNoneMatch="*",
-            )
+            return upload_parts(self.client, self.bucket, full, parts, metadata)
+        except (ConditionalConflict, FileNotFoundError, StoreError):
+            raise  # a source's own error (named), or retry
         except ClientError as exc:
-            self._abort(full, upload_id)
-            code = error_code(exc)
-            if code == "PreconditionFailed":
-                return None
-            if code == "ConditionalRequestConflict":
-                raise ConditionalConflict from exc
-            raise self._error(exc, "uploading", key) from exc
-        except BaseException as exc:
-            self._abort(full, upload_id)
-            if isinstance(exc, Exception):
-                raise self._error(exc, "uploading", key) from exc
-            raise
+            raise self._error(exc, "uploading", self._rel(full), conditional=True) from exc
+        except Exception as exc:
+            raise self._error(exc, "uploading", self._rel(full)) from exc
 
-    def _abort(self, full: str, upload_id: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
-        except Exception:  # best effort: a lifecycle rule cleans up leftovers
-            log.warning("could not abort multipart upload %s of %s", upload_id, full)
-
-    def _settle_existing(self, key: str, data: bytes, sha_hex: str) -> bool:
-        """Return False if ``key`` holds ``data``; raise ObjectExistsError otherwise."""
+    def _settle_existing(self, key: str, size: int, sha_hex: str) -> bool:
+        """Return False if ``key`` holds ``size`` bytes hashing to ``sha_hex``; raise
+        ObjectExistsError otherwise."""
         head = self._head(key)
         if head is None:  # deleted between our attempt and now: not ours to recreate silently
             raise StoreError(f"writing {self.uri(key)}: refused as existing, then not found; retry")
-        if head.get("ContentLength") != len(data):
+        if head.get("ContentLength") != size:
             existing = head.get("Metadata", {}).get("sha256", "unknown")
         else:
             # Compare real bytes, not the recorded sha: the object may predate this store.
@@ -386,16 +368,19 @@ class S3Store:
             return False
         raise ObjectExistsError(
             f"{self.uri(key)} already exists with different content (sha256 {existing}, new "
-            f"{sha_hex}, {len(data)} bytes); nothing was overwritten. Write to a new run_name "
+            f"{sha_hex}, {size} bytes); nothing was overwritten. Write to a new run_name "
             "(or output location) instead."
         )
 
-    def _verify(self, key: str, sha_hex: str, response: dict[str, Any]) -> None:
-        """Raise StoreError unless the stored object's SHA-256 is ``sha_hex``."""
+    def _verify(self, key: str, sha_hex: str, response: dict[str, Any], composite: str) -> None:
+        """Raise StoreError unless the stored object's SHA-256 is ``sha_hex``.
+
+        ``composite``: the checksum of the parts sent, for a multipart upload ("" otherwise).
+        """
         server_sum = response.get("ChecksumSHA256")
         expected_b64 = base64.b64encode(bytes.fromhex(sha_hex)).decode()
-        if server_sum == expected_b64:
-            return  # the server hashed what it stored (single-part full-object checksum)
+        if server_sum and server_sum in (expected_b64, composite):
+            return  # the server hashed what it stored (the whole, or each part it stored)
         stored = self.stored_sha256(key)
         if stored != sha_hex:
             raise StoreError(

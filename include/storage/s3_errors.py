@@ -23,6 +23,9 @@ CREDENTIAL_CODES = frozenset(
 )
 #: Error codes of a key (or, without a key, a bucket) that does not exist.
 NOT_FOUND_CODES = ("NoSuchKey", "404", "NotFound")
+#: Error codes of a store that does not implement what the request asked (botocore gives the
+#: bare status when the answer has no XML body).
+NOT_IMPLEMENTED_CODES = ("NotImplemented", "501")
 
 
 class ConditionalConflict(Exception):
@@ -44,10 +47,12 @@ def store_error(
     bucket: str,
     conn_id: str | None,
     about_bucket: bool,
+    conditional: bool = False,
 ) -> StoreError:
     """Return a StoreError for ``action`` on ``where`` that failed with ``exc``.
 
     ``about_bucket``: no key was involved, so a 404 means the bucket is missing.
+    ``conditional``: the request carried ``If-None-Match: *`` (every write does).
     """
     from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
@@ -67,6 +72,15 @@ def store_error(
             return StoreError(
                 f"{action} {where}: bucket {bucket!r} does not exist at endpoint "
                 f"{endpoint}; create it or fix the output location"
+            )
+        if conditional and code in NOT_IMPLEMENTED_CODES:
+            return StoreError(
+                f"{action} {where}: the store at endpoint {endpoint} does not support "
+                f"conditional writes (it answered {code} to If-None-Match: *). Every write "
+                "here is create-only, and without the condition a key could be silently "
+                "overwritten, so nothing is written to it. Use a store that supports "
+                "If-None-Match on PutObject and CompleteMultipartUpload (AWS S3, or MinIO "
+                "RELEASE.2024-11 or newer), or a local output_root"
             )
         if code in CREDENTIAL_CODES:
             return StoreError(

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
-from include.storage.base import Store, split_lines
+from include.storage.base import Store, copy_hashed, split_lines
 from include.storage.errors import ObjectExistsError, StoreError
 from include.storage.locations import (
     DEFAULT_PROTECTED_PREFIXES,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from include.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 #: How much of a local file ``iter_lines`` reads at a time.
 _CHUNK = 8 * 1024 * 1024
 
@@ -56,26 +57,61 @@ class LocalStore:
     def write_new(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         check_write(str(path), self.protected)
+        created, _ = self._create(path, lambda fh: fh.write(data))
+        if created:
+            return True
+        if path.read_bytes() == data:
+            return False
+        raise ObjectExistsError(
+            f"{path} already exists with different content; nothing was overwritten. "
+            "Write to a new run_name (or output location) instead."
+        )
+
+    def write_new_concat(self, key: str, sources: Sequence[str]) -> tuple[int, str]:
+        path = self._path(key)
+        check_write(str(path), self.protected)
+        created, (size, sha) = self._create(
+            path, lambda fh: copy_hashed((self._open_source(s, key) for s in sources), fh.write))
+        if created:
+            return size, sha
+        with open(path, "rb") as existing:
+            held = copy_hashed([existing], len)
+        if held == (size, sha):
+            return size, sha
+        raise ObjectExistsError(
+            f"{path} already exists with different content ({held[0]} bytes, sha256 "
+            f"{held[1]}; the concatenation is {size} bytes, sha256 {sha}); nothing was "
+            "overwritten. Write to a new run_name (or output location) instead."
+        )
+
+    @staticmethod
+    def _create(path: Path, fill: Callable[[BinaryIO], T]) -> tuple[bool, T]:
+        """Fill a temporary file beside ``path``, then give it the name ``path`` if free.
+
+        Return whether it was created, and what ``fill`` returned.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                filled = fill(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             try:
                 # link() fails if the target exists: an atomic create-if-absent on POSIX.
                 os.link(tmp, path)
-                return True
+                return True, filled
             except FileExistsError:
-                if path.read_bytes() == data:
-                    return False
-                raise ObjectExistsError(
-                    f"{path} already exists with different content; nothing was overwritten. "
-                    "Write to a new run_name (or output location) instead."
-                ) from None
+                return False, filled
         finally:
             os.unlink(tmp)
+
+    def _open_source(self, source: str, key: str) -> BinaryIO:
+        try:
+            return open(self._path(source), "rb")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.uri(source)}: no such file (a source of "
+                                    f"{self.uri(key)})") from None
 
     def read(self, key: str) -> bytes:
         return self._path(key).read_bytes()
@@ -217,7 +253,13 @@ class ReadOnlyStore:
         return self.inner.uri(key)
 
     def write_new(self, key: str, data: bytes) -> bool:
-        raise StoreError(
+        raise self._refused(key)
+
+    def write_new_concat(self, key: str, sources: Sequence[str]) -> tuple[int, str]:
+        raise self._refused(key)
+
+    def _refused(self, key: str) -> StoreError:
+        return StoreError(
             f"{self.inner.uri(key)}: this store was opened read-only; open the output "
             "location with open_store(uri) to write"
         )

@@ -96,7 +96,7 @@ AIRFLOW_ALLOWED = {
     "include.servers.sensor": "the health gate is an Airflow sensor",
     "include.servers.triggers": "its trigger, run in the triggerer",
     "include.servers.hosts": "SSHHook: the hook that wraps the hosts' SSH connections",
-    "include.storage.s3": "S3Hook: the hook that wraps the S3 connection",
+    "include.storage.s3_client": "S3Hook: the hook that wraps the S3 connection",
     "include.settings.deployment": "reads the servers' API key connection (a hook-like reader)",
     "include.settings.params": "builds the trigger form's Params from the run settings",
 }
