@@ -12,7 +12,6 @@ variant; a setting not listed keeps the run's value.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -67,24 +66,3 @@ def count_by_thinking(count: Callable[..., Sequence[int]], conversations: Sequen
         for i, n in zip(idx, got, strict=True):
             counts[i] = n
     return counts
-
-
-def all_variants(variants: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Return every combination the settings can give (the report's rows), in order."""
-    keys = [k for k in VARIANT_KEYS if variants.get(k)]
-    return [dict(zip(keys, combo, strict=True))
-            for combo in itertools.product(*(variants[k] for k in keys))]
-
-
-def variant_problems(variants: Mapping[str, Any]) -> list[str]:
-    """Return what is wrong with a ``sampling_variants`` value (for ``check_settings``)."""
-    problems = []
-    for key, values in variants.items():
-        if key not in VARIANT_KEYS:
-            problems.append(f"{key!r} is not a sampling setting a variant may set; accepted: "
-                            f"{', '.join(VARIANT_KEYS)}")
-        elif not isinstance(values, list) or not values:
-            problems.append(f"{key!r} needs a non-empty list of values, got {values!r}")
-        elif len({json.dumps(v) for v in values}) != len(values):
-            problems.append(f"{key!r} lists a value twice: {values!r}")
-    return problems

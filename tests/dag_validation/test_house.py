@@ -78,7 +78,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.prompts", "include.servers", "include.generation", "include.tokenization",
      "include.reporting", "include.quality", "include.conversations"),
     # What every stage speaks to an SGLang server with: below the stages, above settings.
-    ("include.sglang", "include.sglang_health"),
+    ("include.sglang",),
     ("include.settings",),
     ("include.storage",),
     ("include.layout",),

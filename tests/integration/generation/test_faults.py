@@ -23,7 +23,7 @@ from include.generation.shard import (
     output_keys,
     publish_shard,
 )
-from include.sglang_health import HEALTH_PROBE_TIMEOUT_FLOOR_S
+from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
 from tests.integration.generation.faultproxy import (

@@ -16,7 +16,7 @@ from include.reporting.monitor import RunMonitor
 from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec
 from include.servers.triggers import ServerHealthTrigger
-from include.sglang_health import (
+from include.sglang.contract import (
     HEALTH_ANSWER_MIN_S,
     HEALTH_PROBE_TIMEOUT_FLOOR_S,
     health_probe_timeout_s,
@@ -63,6 +63,6 @@ def test_every_module_probing_health_takes_its_timeout_from_the_one_module() -> 
     for path in probing:
         if path.name == "contract.py":
             continue  # where the floor itself is defined
-        assert re.search(r"include\.(sglang_health|sglang\.contract) import", path.read_text()), (
+        assert re.search(r"include\.sglang\.contract import", path.read_text()), (
             f"{path.relative_to(ROOT)} probes /health: take its timeout from "
             "include.sglang.contract.health_probe_timeout_s (SGLang's /health sleeps 1 s)")

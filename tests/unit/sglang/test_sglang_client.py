@@ -115,13 +115,6 @@ def test_the_401_cause_names_the_connection() -> None:
     assert "named by REGEN_SGLANG_CONN_ID" in contract.unauthorized_cause(None)
 
 
-def test_the_old_health_module_is_the_same_rule() -> None:
-    from include import sglang_health
-
-    assert sglang_health.health_probe_timeout_s is contract.health_probe_timeout_s
-    assert sglang_health.HEALTH_PROBE_TIMEOUT_FLOOR_S == contract.HEALTH_PROBE_TIMEOUT_FLOOR_S
-
-
 # --- sync (urllib) -------------------------------------------------------------------------
 def test_sync_models_sends_the_key_and_reads_the_answer(server: str) -> None:
     answer = sync.models(server, KEY)
@@ -204,7 +197,7 @@ def test_the_client_imports_neither_airflow_nor_the_stages() -> None:
 
 
 def test_the_sync_side_loads_without_aiohttp() -> None:
-    code = ("import sys, include.sglang.sync, include.sglang.contract, include.sglang_health; "
+    code = ("import sys, include.sglang.sync, include.sglang.contract; "
             "print('aiohttp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
