@@ -177,7 +177,7 @@ def test_killed_process_resumes_without_loss_or_duplicates(
     # The CLI takes the run's settings; the deployment's come from its environment.
     (tmp_path / "settings.json").write_text(json.dumps(run))
     env = dict(os.environ, PYTHONPATH=str(ROOT), **deployment_env(deployment))
-    command = [sys.executable, "-m", "include.generation", "--shard", "shard-00000",
+    command = [sys.executable, "-m", "include.pipeline.shard_cli", "--shard", "shard-00000",
                "--servers", ",".join(s.url for s in servers), "--settings",
                str(tmp_path / "settings.json")]
     out_path, err_path = tmp_path / "cli.out", tmp_path / "cli.err"

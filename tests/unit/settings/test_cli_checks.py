@@ -16,7 +16,7 @@ def _cli(env_extra: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGEN_")}
     env.update(env_extra, PYTHONPATH=str(ROOT))
     return subprocess.run(
-        [sys.executable, "-m", "include.generation", "--shard", "shard-00000",
+        [sys.executable, "-m", "include.pipeline.shard_cli", "--shard", "shard-00000",
          "--servers", "http://127.0.0.1:9", *args],
         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
 

@@ -1,4 +1,4 @@
-"""Run one prompt shard outside Airflow: ``python -m include.generation --help``.
+"""Run one prompt shard outside Airflow: ``python -m include.pipeline.shard_cli --help``.
 
 Same code path as the DAG's generate task: the same ``check_settings`` first (run settings
 from ``--settings``/``--set``, deployment settings from the ``REGEN_*`` environment), the same
@@ -52,7 +52,8 @@ def stdout_for_summary() -> Iterator[TextIO]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the shard, print its summary as JSON; return the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m include.generation", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m include.pipeline.shard_cli",
+                                     description=__doc__)
     parser.add_argument("--shard", required=True, help="shard id, e.g. shard-00042")
     parser.add_argument("--servers", required=True,
                         help="comma-separated server base URLs, e.g. http://gpu1:30000,...")
