@@ -31,3 +31,10 @@ for _name in [n for n in os.environ if n.startswith("REGEN_")]:
 os.environ["PYTHONPATH"] = str(ROOT) + (
     os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""
 )
+
+
+def pytest_configure(config) -> None:
+    # Per tier: what runs, how long it takes, what skips for lack of sshd/Chromium/Postgres.
+    from tests.fixtures.tiers import pytest_configure as register_tier_report
+
+    register_tier_report(config)
