@@ -19,7 +19,7 @@ from include.conversations.chain import (
     history,
     new_messages,
 )
-from include.generation.budget import token_budget
+from include.sglang.length import token_budget
 
 #: Counts the tokens of messages as the chat template renders them, generation prompt
 #: included (``tokenization.tokenizer.count_prompt_tokens`` for one conversation).
@@ -70,7 +70,7 @@ def turn_budget(
     min_completion: int,
     slack: int = 0,
 ) -> TurnBudget:
-    """Return the next turn's budget: ``generation.budget.token_budget`` from its estimated
+    """Return the next turn's budget: ``include.sglang.length.token_budget`` from its estimated
     prompt, with ``context_exhausted`` where the room left is below ``min_completion``."""
     prompt = next_prompt_tokens(state, count, slack)
     budget = token_budget(prompt, context_length, cap, margin, min_completion)

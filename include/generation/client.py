@@ -9,12 +9,12 @@ its HTTP status, the server's message and whether a retry can succeed; nothing i
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from include.sglang import aio, contract
+from include.sglang.length import prompt_tokens_from_length_error
 
 if TYPE_CHECKING:
     import aiohttp
@@ -31,16 +31,6 @@ HTTP_4XX = "http_4xx"
 BAD_RESPONSE = "bad_response"  # 200 with a body that is not a chat completion
 CANCELLED = "cancelled"  # taken back by the engine (server ejected while in flight)
 RETRYABLE = frozenset({CONNECT, DISCONNECTED, TIMEOUT, HTTP_5XX, QUEUE_FULL, CANCELLED})
-
-_LENGTH_PATTERNS = (
-    # P >= C
-    re.compile(r"The input \((\d+) tokens\) is longer than the model's context length"),
-    # P + M >= C
-    re.compile(r"You requested a total of \d+ tokens: (\d+) tokens from the input messages"),
-    # P in [C-6, C-1]
-    re.compile(r"Input length \((\d+) tokens\) exceeds the maximum allowed length"),
-)
-
 
 @dataclass(frozen=True)
 class ChatRequest:
@@ -82,15 +72,6 @@ class ChatResult:
     def retryable(self) -> bool:
         """Return whether another attempt (maybe on another server) can succeed."""
         return self.error_kind in RETRYABLE
-
-
-def prompt_tokens_from_length_error(message: str) -> int | None:
-    """Return P as the server counted it, read from one of SGLang's length-error messages."""
-    for pattern in _LENGTH_PATTERNS:
-        match = pattern.search(message)
-        if match:
-            return int(match.group(1))
-    return None
 
 
 def build_body(request: ChatRequest) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from typing import Any
 import aiohttp
 
 from include.generation import client as c
-from include.generation.budget import token_budget
 from include.generation.config import EngineConfig
 from include.generation.conversing import Conversations, is_conversation
 from include.generation.engine_turns import ConversationSteps
@@ -45,6 +44,7 @@ from include.generation.pool import ServerPool, ServerState, unauthorized_cause
 from include.generation.retry import decide_retry
 from include.generation.tally import Tally
 from include.generation.variants import count_by_thinking, sampling_for
+from include.sglang.length import token_budget
 
 __all__ = ["COMPLETED", "FAILED", "SKIPPED", "EngineConfig", "GenerationError", "ShardOutcome",
            "check_accounting", "run_shard"]

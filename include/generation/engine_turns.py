@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from include.generation import client as c
-from include.generation.budget import token_budget
 from include.generation.pool import ServerState
+from include.sglang.length import token_budget
 
 
 class ConversationSteps:

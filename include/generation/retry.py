@@ -31,6 +31,7 @@ from typing import Literal
 
 from include.generation import client as c
 from include.generation.config import EngineConfig
+from include.sglang.length import prompt_tokens_from_length_error
 
 Verdict = Literal["complete", "retry", "fail", "rebudget", "fatal"]
 
@@ -65,7 +66,7 @@ def decide_retry(
     if result.ok:
         return RetryDecision("complete", charged)
     if result.error_kind == c.LENGTH:
-        server_tokens = c.prompt_tokens_from_length_error(result.error)
+        server_tokens = prompt_tokens_from_length_error(result.error)
         if length_retried or server_tokens is None:
             return RetryDecision("fail", charged)
         return RetryDecision("rebudget", charged, prompt_tokens=server_tokens)

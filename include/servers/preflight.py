@@ -255,8 +255,8 @@ def longest_prompt(
     request. Only the ``candidates`` longest by characters are tokenized. Raise ValueError
     when no prompt fits at all (every one would be skipped as too long).
     """
-    from include.generation.budget import token_budget
     from include.generation.conversing import first_request
+    from include.sglang.length import token_budget
 
     requests = [(p, first_request(p)) for p in prompts]
     requests.sort(key=lambda pr: -sum(len(m["content"]) for m in pr[1]))

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from include.generation.budget import token_budget
 from include.generation.client import (
     BAD_RESPONSE,
     ChatRequest,
     ChatResult,
     _parse_completion,
     build_body,
-    prompt_tokens_from_length_error,
 )
 from include.generation.window import next_window, parse_metrics
+from include.sglang.length import prompt_tokens_from_length_error, token_budget
 
 # The three texts, verbatim from SGLang (shared/docs/sglang-contract.md).
 TOO_LONG = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."

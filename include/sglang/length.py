@@ -1,0 +1,61 @@
+"""SGLang's length rule: the completion budget a request may ask for, and its 400 messages.
+
+A request whose prompt (P tokens, counted as the server counts them) and ``max_tokens`` do not
+fit the context length C is rejected with one of three 400 messages (SGLang 0.5.23
+``tokenizer_manager.py`` ``_validate_one_request``, then ``managers/utils.py``
+``validate_input_length``): every stage that sizes a request (the engine, a conversation's
+next turn, preflight) budgets with ``token_budget``, and the engine reads P back from a
+rejection with ``prompt_tokens_from_length_error``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LENGTH_PATTERNS = (
+    # P >= C
+    re.compile(r"The input \((\d+) tokens\) is longer than the model's context length"),
+    # P + M > C (0.5.6: >=)
+    re.compile(r"You requested a total of \d+ tokens: (\d+) tokens from the input messages"),
+    # P in [C-6, C-1]: the scheduler's max_req_input_len
+    re.compile(r"Input length \((\d+) tokens\) exceeds the maximum allowed length"),
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The completion budget of one prompt, or why it cannot have one."""
+
+    max_tokens: int
+    skip_reason: str | None = None
+    detail: str = ""
+
+
+def token_budget(
+    prompt_tokens: int, context_length: int, cap: int, margin: int, min_completion: int
+) -> Budget:
+    """Return ``min(cap, C - P - margin)``, or a skip when that leaves < ``min_completion``.
+
+    SGLang v0.5.6 rejects ``P + max_tokens >= C`` (newer releases ``>``) and prompts within
+    six tokens of C, so ``margin`` must be at least 1; the settings default is 16.
+    """
+    room = context_length - prompt_tokens - margin
+    if room < min_completion:
+        return Budget(
+            0,
+            "prompt_too_long",
+            f"prompt has {prompt_tokens} tokens; context_length {context_length} - "
+            f"context_margin {margin} leaves {room}, below min_completion_tokens "
+            f"{min_completion}",
+        )
+    return Budget(min(cap, room))
+
+
+def prompt_tokens_from_length_error(message: str) -> int | None:
+    """Return P as the server counted it, read from one of SGLang's length-error messages."""
+    for pattern in _LENGTH_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            return int(match.group(1))
+    return None
