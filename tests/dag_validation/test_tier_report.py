@@ -62,7 +62,8 @@ def test_a_missing_prerequisite_is_named_with_the_tests_it_skips(monkeypatch) ->
     assert lines[2].strip().startswith("missing chromium (Debian chromium, a browser): the "
                                        "browser checks of the monitor page and the trigger "
                                        "form skip")
-    assert tiers.missing_lines(["tests/integration", "-q"])[-1].startswith("chromium\ta browser")
+    assert tiers.missing_lines(["tests/integration", "-q"])[-1] == \
+        "chromium\ta browser\ttests/integration"
     assert tiers.missing_lines(["tests/unit"]) == []
 
 
