@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from include.generation.fencing import resume_point
 from include.generation.lease import (
     LEASE_TTL_S,
     Lease,
@@ -113,7 +114,13 @@ def wait_for_turn(store: Store, shard_id: str, journal_prefix: str, run_id: str 
         why = _may_take(state, watch, store, journal_prefix, run_id, is_live)
         if why is not None:
             generation = 1 if state is None else state.generation + 1
-            lease = try_take(store, journal_prefix, generation, holder, run_id, ttl_s)
+            # What this generation resumes from, counted just before it is taken: a segment
+            # of the holder taken over that lands later is fenced out (``fencing``).
+            segments, seen = resume_point(store, journal_prefix)
+            if (0 if seen is None else seen.generation) != generation - 1:
+                continue  # another waiter took a generation meanwhile: look at it afresh
+            lease = try_take(store, journal_prefix, generation, holder, run_id, ttl_s,
+                             segments=segments)
             if lease is None:
                 continue  # another waiter won this generation: look at it afresh
             if done():  # published between the check and the take: hand the lease back

@@ -15,7 +15,9 @@ so no prompt appears twice. Two forms behind one interface:
 
 Every finished prompt has one final record: the first line per id, except that a retryable
 failure (connection, timeout, 5xx, queue full) is replaced by any later line for its id, so
-a re-run tries those prompts again and its result wins.
+a re-run tries those prompts again and its result wins. "First" is in the order of the
+segments the newest lease generation counts (``fencing``): generation, then key; a segment a
+fenced-out holder landed after the takeover is not read at all.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from include.generation.client import RETRYABLE
+from include.generation.fencing import list_vouched, segment_key
 from include.generation.outcome import FAILED
 from include.layout import compacted_keys
 from include.storage import Store, sha256_hex, write_verified
@@ -168,6 +171,10 @@ class StoreJournal:
     the engine's next loop (about a second) and writes no segment after; ``tag`` (the lease
     generation, ``00000003``) starts the writer id in each segment's key, the fencing token
     on every segment (digits only: the writer id stays hex, as readers of the keys expect).
+    A holder paused after its last check can still land a PUT late: readers fence that out
+    by the segment's generation and number (``include.generation.fencing``). So the segments
+    go out strictly one after another, numbered from 0: each writer's first n are the ones
+    in the store.
     """
 
     def __init__(
@@ -291,8 +298,7 @@ class StoreJournal:
             try:
                 if self.fence is not None:
                     self.fence()  # a lost lease: these lines would be a late write; refused
-                key = (f"{self.prefix}part-{time.time_ns():020d}-{self._writer}-"
-                       f"{self._seq:06d}.jsonl")
+                key = segment_key(self.prefix, time.time_ns(), self._writer, self._seq)
                 self.store.write_new(key, b"".join(lines))
             except Exception as exc:  # surfaced to the engine by the next append or flush
                 error = exc
@@ -311,7 +317,9 @@ class StoreJournal:
 
 
 def read_segments(store: Store, prefix: str) -> list[tuple[str, bytes]]:
-    """Return the journal's segments as ``(key, bytes)`` in merge order.
+    """Return the journal's segments as ``(key, bytes)`` in merge order: only those the
+    newest lease generation counts (``include.generation.fencing``: a write that landed after
+    a takeover is never read).
 
     A compacted journal is its one object, then any segment it does not hold (none, unless
     something wrote after the shard was published), so a reader sends one GET, not one per
@@ -324,7 +332,7 @@ def read_segments(store: Store, prefix: str) -> list[tuple[str, bytes]]:
     if store.exists(index_key):
         covered = set(json.loads(store.read(index_key))["parts"])
         out.append((data_key, store.read(data_key)))
-    rest = [k for k in store.list(prefix) if k.endswith(".jsonl") and k not in covered]
+    rest, _ = list_vouched(store, prefix, covered)
     if rest:
         # Segments are small and many; read them at once, merge them in key order.
         with ThreadPoolExecutor(min(LOAD_THREADS, len(rest))) as pool:

@@ -20,7 +20,10 @@ soon as it sees generation N+1: it then refuses journal writes and never publish
 
 The generation is the fencing token: journal segments carry it in their key, the generate
 summary and the published manifest carry it, and ``publish_shard`` refuses a token older
-than the newest generation (a fenced-out holder's late write).
+than the newest generation (a fenced-out holder's late upload). A holder paused between its
+last check and a PUT cannot stop that PUT, so each generation's body also records the
+segments it resumes from (``"segments"``), and readers count no other segment of an earlier
+generation (``include.generation.fencing``).
 """
 
 from __future__ import annotations
@@ -227,17 +230,20 @@ class Lease:
 
 
 def try_take(store: Store, prefix: str, generation: int, holder: str, run_id: str | None,
-             ttl_s: float = LEASE_TTL_S) -> Lease | None:
+             ttl_s: float = LEASE_TTL_S, *, segments: dict[str, int] | None = None
+             ) -> Lease | None:
     """Try to take lease generation ``generation``; return it, or None if another took it.
 
     The caller has judged ``generation - 1`` released or expired. Not started: call
     ``start()``. Both answers of ``write_new`` mean this taker's bytes are stored (the body
-    names this holder); ObjectExistsError means another taker won.
+    names this holder); ObjectExistsError means another taker won. ``segments`` is what the
+    generation resumes from (``fencing.resume_point``, listed just before): per writer of an
+    earlier generation, how many of its segments count; None counts none of them.
     """
     started = time.monotonic()
     # taken_at is for people reading the store; no decision ever compares it with a clock.
     body = {"generation": generation, "holder": holder, "run_id": run_id, "ttl_s": ttl_s,
-            "taken_at": time.time()}
+            "taken_at": time.time(), "segments": dict(segments or {})}
     try:
         store.write_new(lease_key(prefix, generation), json.dumps(body, sort_keys=True).encode())
     except ObjectExistsError:
