@@ -10,6 +10,10 @@ stand-ins report at a full batch.
 
 * whole-run ratio: output tokens / run time (drain included) / ceiling
 * steady-state ratio: tokens/s between 10% of the run and the last dispatch / ceiling
+* task ratio: the same shard as the generate task runs it (``generate_shard`` in a fresh
+  process, the prompt shard in a local store, the tokenizer loaded there), from the task's
+  start (its Python started and Airflow's task SDK imported, as a task runner has it) to its
+  end; ``first_request_s`` is when its first request left, after the task's start
 
     python -m benchmarks.bench_saturation [--prompts 4000] [--time-scale 0.25]
 
@@ -20,7 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +41,11 @@ from benchmarks.common import (
 )
 from include.generation.engine import EngineConfig, run_shard
 from include.generation.journal import FileJournal
+from include.prompts.prepare import encode_record, shard_key
+from include.storage import LocalStore
 from include.tokenization import count_prompt_tokens, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(label: str, urls: list[str], prompts: list[dict], config: EngineConfig,
@@ -60,6 +72,56 @@ def measure(label: str, urls: list[str], prompts: list[dict], config: EngineConf
     }
 
 
+def task_child(store_dir: str, tokenizer_dir: str, urls: str, max_tokens: int) -> None:
+    """In a fresh process: run shard 0 as the generate task does; print its times as JSON."""
+    import airflow.sdk  # noqa: F401 - what a task runner has imported before the task starts
+
+    started = time.monotonic()
+    from include.generation import client
+    from include.generation.shard import generate_shard
+
+    first: list[float] = []
+    send = client.send_chat
+
+    def timed_send(*args: Any, **kwargs: Any) -> Any:
+        if not first:
+            first.append(time.monotonic())
+        return send(*args, **kwargs)
+
+    client.send_chat = timed_send
+    settings = bench_settings({"max_tokens": max_tokens, "model_path": tokenizer_dir,
+                               "run_name": "bench", "progress_interval_s": 10},
+                              output_root=store_dir)
+    summary = generate_shard(settings, "shard-00000", urls.split(","), LocalStore(store_dir))
+    print(json.dumps({"started": started, "first_request": first[0], "ended": time.monotonic(),
+                      "completed": summary["counts"]["completed"]}))
+
+
+def measure_task(urls: list[str], tokenizer_dir: Path, prompts: list[dict], max_tokens: int,
+                 ceiling: float) -> dict[str, float]:
+    """Run shard 0 in a fresh process (``task_child``); return its figures from its start."""
+    with Sampler(urls) as sampler, tempfile.TemporaryDirectory() as tmp:
+        LocalStore(tmp).write_new(shard_key(0), b"".join(encode_record(p) for p in prompts))
+        # Bytecode cached as on a worker whose image has run Python before.
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               "PYTHONPYCACHEPREFIX": str(ROOT / "var" / "bench-cache" / "pycache")}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        spawned = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_saturation", "--task-child", tmp,
+             str(tokenizer_dir), ",".join(urls), str(max_tokens)],
+            capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+        if done.returncode:
+            raise SystemExit(f"the task process failed:\n{done.stderr[-3000:]}")
+        times = json.loads(done.stdout.strip().splitlines()[-1])
+    start, end = times["started"], times["ended"]
+    whole = (sampler.tokens_at(end) - sampler.tokens_at(start)) / (end - start)
+    return {"ratio": whole / ceiling, "tokens_per_s": whole, "seconds": end - start,
+            "first_request_s": times["first_request"] - start,
+            "process_first_request_s": times["first_request"] - spawned,
+            "completed": times["completed"]}
+
+
 def main() -> None:
     """Run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,7 +129,12 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=0.25,
                         help="stand-in time scale (1.0: ~1,400 tok/s per server at full batch)")
     parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--task-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.task_child:
+        store_dir, tokenizer_dir, urls, max_tokens = args.task_child
+        task_child(store_dir, tokenizer_dir, urls, int(max_tokens))
+        return
 
     with standin_fleet("saturation", standin_time_scale=args.time_scale,
                        enable_metrics=True) as fleet:
@@ -82,11 +149,15 @@ def main() -> None:
                                               in_flight_per_server=32)
         ours = measure("engine", urls, prompts, engine, counter, ceiling)
         base = measure("fixed32", urls, prompts, baseline, counter, ceiling)
+        task = measure_task(urls, fleet.tokenizer_dir, prompts, args.max_tokens, ceiling)
 
     print(f"{'config':<22}{'tok/s':>10}{'ratio':>8}{'steady':>8}{'seconds':>9}{'drain s':>9}")
     for name, r in (("engine (adaptive)", ours), ("fixed 32/server", base)):
         print(f"{name:<22}{r['tokens_per_s']:>10.0f}{r['ratio']:>8.3f}{r['steady_ratio']:>8.3f}"
               f"{r['seconds']:>9.1f}{r['drain_s']:>9.1f}")
+    print(f"{'generate task':<22}{task['tokens_per_s']:>10.0f}{task['ratio']:>8.3f}{'':>8}"
+          f"{task['seconds']:>9.1f}   first request {task['first_request_s']:.2f} s after the "
+          f"task's start ({task['process_first_request_s']:.2f} s after its process's)")
     print(f"ceiling (8 stand-ins): {ceiling:.0f} tok/s; engine windows at the end: "
           f"{ours['final_windows']}")
     print(json.dumps({
@@ -100,6 +171,10 @@ def main() -> None:
         "tokens_per_s": round(ours["tokens_per_s"], 1),
         "baseline_tokens_per_s": round(base["tokens_per_s"], 1),
         "ceiling_tokens_per_s": round(ceiling, 1),
+        "task_ratio_to_ceiling": round(task["ratio"], 4),
+        "task_first_request_s": round(task["first_request_s"], 2),
+        "task_process_first_request_s": round(task["process_first_request_s"], 2),
+        "task_seconds": round(task["seconds"], 2),
         "seconds": round(ours["seconds"], 2),
         "drain_seconds": round(ours["drain_s"], 2),
     }))

@@ -42,8 +42,10 @@ from include.generation.outcome import (
 )
 from include.generation.pool import ServerPool, ServerState, unauthorized_cause
 from include.generation.retry import decide_retry
+from include.generation.startup import take_sure_fits
 from include.generation.tally import Tally
 from include.generation.variants import count_by_thinking, sampling_for
+from include.sglang.contract import bearer
 from include.sglang.length import token_budget
 
 __all__ = ["COMPLETED", "FAILED", "SKIPPED", "EngineConfig", "GenerationError", "ShardOutcome",
@@ -90,7 +92,7 @@ class _Run(ConversationSteps):
         self.urls = servers
         self.journal = journal
         self.cfg = config
-        self.headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.headers = bearer(config.api_key)
         self.pending: collections.deque[_Item] = collections.deque()
         self.unplanned: collections.deque[dict[str, Any]] = collections.deque()
         self.delayed = 0
@@ -199,12 +201,17 @@ class _Run(ConversationSteps):
         return min([context, *reported.values()])
 
     def _plan_more(self) -> None:
-        # Budgets are computed a chunk at a time, so the first requests go out after one
-        # chunk's tokenization instead of the whole shard's.
+        # Budgets a chunk at a time: the first requests go out after one chunk's count, not
+        # the shard's; while the tokenizer loads, prompts that surely fit go with the cap.
         if not self.unplanned:
             return
+        context, cfg = self._context_length(), self.cfg
+        if sure := take_sure_fits(self.unplanned, self.count_tokens, context, cfg.max_tokens,
+                                  cfg.context_margin, PLAN_CHUNK):
+            self.pending.extend(_Item(r, bound, cfg.max_tokens, sampling=self.sampling_of(r))
+                                for r, bound in sure)
+            return
         chunk = [self.unplanned[i] for i in range(min(PLAN_CHUNK, len(self.unplanned)))]
-        context = self._context_length()
         single = [p for p in chunk if not is_conversation(p)]
         samplings = [self.sampling_of(p) for p in single]
         counts = self._count(single, samplings)

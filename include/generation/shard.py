@@ -26,6 +26,7 @@ from include.generation.journal import (
 )
 from include.generation.lease import LEASE_TTL_S, Lease, check_token
 from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_accounting
+from include.generation.startup import PromptCounter
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
@@ -103,9 +104,10 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
               prompts_store: Store, wait_for: dict[str, Any] | None,
               slot_free: Callable[[], bool] | None, lease: Lease | None,
               engine_overrides: dict[str, Any]) -> dict[str, Any]:
-    from include.tokenization import count_prompt_tokens, load_tokenizer
-
-    tokenizer = load_tokenizer(settings.tokenizer_path or settings.model_path)
+    # Loaded on a thread while the prompts are read and the servers asked; the first
+    # requests need not wait for it (``startup``).
+    counter = PromptCounter(settings.tokenizer_path or settings.model_path,
+                            settings.enable_thinking)
     prompts = read_shard_by_id(prompts_store, shard_id)
     config = EngineConfig.from_settings(settings, **engine_overrides)
     if slot_free is not None:
@@ -134,12 +136,8 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
                            fence=lease.check if lease else None,
                            tag=f"{lease.generation:08d}" if lease else "")
     try:
-        outcome = run_shard(
-            shard_id, prompts, server_urls, journal, config,
-            # A sampling variant with the other thinking value is counted as it renders.
-            lambda convs, enable_thinking=settings.enable_thinking: count_prompt_tokens(
-                tokenizer, convs, enable_thinking),
-        )
+        # A sampling variant with the other thinking value is counted as it renders.
+        outcome = run_shard(shard_id, prompts, server_urls, journal, config, counter)
     finally:
         journal.close()
     log.info("%s", outcome.summary())
