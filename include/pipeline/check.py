@@ -5,8 +5,8 @@ prefixes, the sources and ``dedupe_against`` locations, the tokenizer, the promp
 earlier run prepared (for ``shard_range`` and reuse), the completion settings the chosen
 shards' journals were written under (a resume may not mix them), whether servers on a
 non-loopback host would get an API key, and whether each GPU host's SSH connection pins the
-host's key. The only write is the create-only probe of an S3 output root
-(``include.storage.probe``), once per root and endpoint. Every problem found is reported at
+host's key. The only write is the create-only probe of an S3 store, in the run's location,
+on every run (``include.storage.probe``). Every problem found is reported at
 once, each naming the setting, the value and what is accepted; nothing is prepared, launched
 or written. Checks that need only the settings are in ``include.settings.checks``; those here
 need a stage (a source's first row, the tokenizer, the servers' keys and connections).
@@ -79,22 +79,11 @@ def _check_tokenizer(run: RunSettings) -> None:
 
 def _check_host_keys(run: RunSettings) -> None:
     """Refuse a GPU host whose SSH connection does not pin the host's key."""
-    from include.servers.hosts import host_key_problems
+    from include.servers.hosts import connection_problems
 
-    problems = []
-    for i, host in enumerate(run.deployment.gpu_hosts):
-        if not host.ssh_conn_id:
-            continue
-        try:
-            from airflow.sdk import BaseHook
-
-            extra = BaseHook.get_connection(host.ssh_conn_id).extra_dejson
-        except Exception as exc:  # noqa: BLE001 - not found, or a broken secrets backend
-            problems.append(f"deployment setting `gpu_hosts[{i}]` ({host.host}): cannot read "
-                            f"SSH connection `{host.ssh_conn_id}` ({exc}); define it")
-            continue
-        problems += [f"deployment setting `gpu_hosts[{i}]` ({host.host}): {p}"
-                     for p in host_key_problems(host.ssh_conn_id, extra)]
+    problems = [f"deployment setting `gpu_hosts[{i}]` ({host.host}): {p}"
+                for i, host in enumerate(run.deployment.gpu_hosts) if host.ssh_conn_id
+                for p in connection_problems(host.ssh_conn_id)]
     raise_all(problems)
 
 

@@ -52,18 +52,19 @@ def host_key_problems(ssh_conn_id: str, extra: dict[str, Any]) -> list[str]:
     return problems
 
 
-def check_host_key_pinned(ssh_conn_id: str, extra: Any) -> None:
-    """Raise HostError unless the connection pins its host's key (see ``host_key_problems``)."""
-    if isinstance(extra, str):
-        import json
+def connection_problems(ssh_conn_id: str) -> list[str]:
+    """Return why the GPU host's SSH connection cannot be used ([]: it pins its host key).
 
-        try:
-            extra = json.loads(extra) if extra.strip() else {}
-        except ValueError:
-            extra = {}
-    problems = host_key_problems(ssh_conn_id, extra if isinstance(extra, dict) else {})
-    if problems:
-        raise HostError("; ".join(problems))
+    The one reader of an SSH connection's extras: ``check_settings`` lists these problems
+    before any work, and ``SSHRunner`` refuses to connect on any of them.
+    """
+    from airflow.sdk import BaseHook
+
+    try:
+        extra = BaseHook.get_connection(ssh_conn_id).extra_dejson
+    except Exception as exc:  # noqa: BLE001 - not found, or a broken secrets backend
+        return [f"cannot read SSH connection `{ssh_conn_id}` ({exc}); define it"]
+    return host_key_problems(ssh_conn_id, extra if isinstance(extra, dict) else {})
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,10 @@ class SSHRunner(HostRunner):
             if transport is not None and transport.is_active():
                 return self._client
         from airflow.providers.ssh.hooks.ssh import SSHHook
-        from airflow.sdk import BaseHook
 
-        try:
-            conn = BaseHook.get_connection(self.ssh_conn_id)
-        except Exception as exc:
-            raise HostError(f"{self.label}: cannot read the connection ({exc})") from exc
-        check_host_key_pinned(self.ssh_conn_id, conn.extra_dejson)
+        problems = connection_problems(self.ssh_conn_id)
+        if problems:
+            raise HostError(f"{self.label}: " + "; ".join(problems))
         try:
             self._hook = SSHHook(
                 ssh_conn_id=self.ssh_conn_id,

@@ -24,7 +24,7 @@ import aiohttp
 
 from include.generation.client import ChatRequest, send_chat
 from include.sglang import aio
-from include.sglang.contract import served_model, server_version
+from include.sglang.contract import bearer, served_model, server_version
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ async def preflight(
     server's own text, so a length rejection reads as SGLang wrote it.
     """
     request = ChatRequest("preflight", messages, max_tokens, sampling, model)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer(api_key)
     connector = aiohttp.TCPConnector(limit=max(1, len(urls)))
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)

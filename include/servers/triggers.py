@@ -31,7 +31,7 @@ from include.servers.lifecycle import build_status_command
 from include.sglang import aio
 from include.sglang.contract import CONNECT, bearer, health_probe_timeout_s
 
-__all__ = ["ServerHealthTrigger", "read_api_key"]
+__all__ = ["ServerHealthTrigger"]
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +45,6 @@ async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0
     the command fails.
     """
     return await asyncio.to_thread(run_once_on_host, spec, command, timeout=timeout)
-
-
-async def read_api_key(sglang_conn_id: str | None) -> str | None:
-    """Return the servers' API key, the password of ``sglang_conn_id`` (None if it is absent).
-
-    Reads the connection the async way (``BaseHook.aget_connection``), which neither blocks
-    the triggerer's event loop nor deadlocks on its supervisor channel, and registers the
-    password with the secret masker of the process.
-    """
-    if not sglang_conn_id:
-        return None
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        conn = await BaseHook.aget_connection(sglang_conn_id)
-    except AirflowNotFoundException:
-        return None
-    return conn.password or None
 
 
 class ServerHealthTrigger(BaseTrigger):
@@ -192,7 +173,9 @@ class ServerHealthTrigger(BaseTrigger):
     async def api_key(self) -> str | None:
         """Return the API key, read from its connection on first use."""
         if not self._api_key_read:
-            self._api_key = await read_api_key(self.sglang_conn_id)
+            from include.sglang.hook import SGLangHook
+
+            self._api_key = await SGLangHook(self.sglang_conn_id).async_api_key()
             self._api_key_read = True
         return self._api_key
 

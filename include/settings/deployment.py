@@ -261,10 +261,9 @@ class DeploymentSettings(BaseSettings):
         Read from the Airflow connection when a task runs, and registered with Airflow's secret
         masker so it is replaced by ``***`` in every task log.
         """
-        key = _connection_password(self.sglang_conn_id)
-        if key:
-            _mask(key)
-        return key or None
+        from include.sglang.hook import SGLangHook
+
+        return SGLangHook(self.sglang_conn_id).api_key()
 
 
 class _EnvironmentOnly(BaseSettings):
@@ -279,24 +278,6 @@ def _parse_time_model() -> type[BaseSettings]:
                copy.copy(DeploymentSettings.model_fields[name]))
         for name in PARSE_TIME_SETTINGS}
     return create_model("ParseTimeSettings", __base__=_EnvironmentOnly, **fields)
-
-
-def _connection_password(conn_id: str) -> str | None:
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        return BaseHook.get_connection(conn_id).password
-    except AirflowNotFoundException:
-        return None
-
-
-def _mask(secret: str) -> None:
-    try:
-        from airflow.sdk.log import mask_secret
-    except ImportError:  # pragma: no cover - older task SDKs
-        from airflow.sdk.execution_time.secrets_masker import mask_secret
-    mask_secret(secret)
 
 
 def inside_data_roots(path: str, roots: list[str]) -> bool:

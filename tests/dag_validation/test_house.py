@@ -77,9 +77,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.pipeline",),
     ("include.prompts", "include.servers", "include.generation", "include.tokenization",
      "include.reporting", "include.quality", "include.conversations"),
-    # What every stage speaks to an SGLang server with: below the stages, above settings.
-    ("include.sglang",),
     ("include.settings",),
+    # What every stage speaks to an SGLang server with (settings read the servers' API key
+    # through its hook): below settings, above storage.
+    ("include.sglang",),
     ("include.storage",),
     ("include.layout",),
 )
@@ -93,7 +94,7 @@ AIRFLOW_ALLOWED = {
     "include.servers.triggers": "its trigger, run in the triggerer",
     "include.servers.hosts": "SSHHook: the hook that wraps the hosts' SSH connections",
     "include.storage.s3_client": "S3Hook: the hook that wraps the S3 connection",
-    "include.settings.deployment": "reads the servers' API key connection (a hook-like reader)",
+    "include.sglang.hook": "SGLangHook: the hook that wraps the servers' API key connection",
     "include.settings.params": "builds the trigger form's Params from the run settings",
 }
 

@@ -6,14 +6,18 @@ import json
 
 import pytest
 
-from include.servers.hosts import HostError, SSHRunner, check_host_key_pinned, host_key_problems
+from include.servers.hosts import HostError, SSHRunner, connection_problems, host_key_problems
 
 PINNED = {"key_file": "/k", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA"}
 
 
-def test_a_pinned_host_key_passes() -> None:
+def test_a_pinned_host_key_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert host_key_problems("gpu", PINNED) == []
-    check_host_key_pinned("gpu", json.dumps(PINNED))  # the extra as a JSON string, too
+    # Read from the connection itself, as check_settings and the runner read it.
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_PINNED", json.dumps(
+        {"conn_type": "ssh", "host": "h", "login": "u", "extra": PINNED}))
+    assert connection_problems("gpu_pinned") == []
+    assert "cannot read SSH connection `gpu_absent`" in connection_problems("gpu_absent")[0]
 
 
 @pytest.mark.parametrize(
@@ -27,11 +31,13 @@ def test_a_pinned_host_key_passes() -> None:
         ({**PINNED, "host_key": "  "}, "the host key is unknown"),
     ],
 )
-def test_a_connection_that_does_not_pin_the_key_is_refused(extra: dict, fragment: str) -> None:
+def test_a_connection_that_does_not_pin_the_key_is_refused(
+        extra: dict, fragment: str, monkeypatch: pytest.MonkeyPatch) -> None:
     problems = host_key_problems("gpu_a", extra)
     assert len(problems) == 1 and fragment in problems[0] and "`gpu_a`" in problems[0]
-    with pytest.raises(HostError, match=fragment.replace("`", ".")):
-        check_host_key_pinned("gpu_a", extra)
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_A", json.dumps(
+        {"conn_type": "ssh", "host": "h", "login": "u", "extra": extra}))
+    assert connection_problems("gpu_a") == problems
 
 
 def test_the_runner_refuses_before_connecting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,8 +15,9 @@ from include.servers.commands import ServerSpec, server_specs
 from include.servers.launcher import launch_servers, stop_servers
 from include.servers.report import LaunchError, LaunchReport, ServerOutcome
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
-from include.servers.triggers import ServerHealthTrigger, read_api_key
+from include.servers.triggers import ServerHealthTrigger
 from include.settings import RunSettings, SettingsError
+from include.sglang.hook import SGLangHook
 from sglang_standin.process import free_port
 from tests.fixtures.settings import api_key_connection, run_settings
 
@@ -106,7 +107,7 @@ def test_trigger_serialises_to_its_include_classpath_without_the_key() -> None:
     assert again.serialize() == (path, kwargs)
     # The key is read from the connection when the trigger runs (in the triggerer).
     assert asyncio.run(again.api_key()) == "sk-never-serialised"
-    assert asyncio.run(read_api_key("sglang_test_missing")) is None
+    assert asyncio.run(SGLangHook("sglang_test_missing").async_api_key()) is None
 
 
 def test_trigger_gives_up_at_the_deadline_with_the_log_note() -> None:
