@@ -25,9 +25,9 @@ from pathlib import Path
 
 from benchmarks.common import Sampler, bench_settings, realistic_prompts, standin_fleet
 from include.generation.shard import generate_shard
+from include.layout import MANIFEST_KEY, shard_id, shard_key
 from include.pipeline.plan import stagger
-from include.prompts import MANIFEST_KEY
-from include.prompts.prepare import encode_record, shard_id, shard_key
+from include.prompts.prepare import encode_record
 from include.settings import RunSettings
 from include.storage import LocalStore
 

@@ -13,7 +13,9 @@ stand-ins report at a full batch.
 * task ratio: the same shard as the generate task runs it (``generate_shard`` in a fresh
   process, the prompt shard in a local store, the tokenizer loaded there), from the task's
   start (its Python started and Airflow's task SDK imported, as a task runner has it) to its
-  end; ``first_request_s`` is when its first request left, after the task's start
+  end; ``first_request_s`` is when its first request left, after the task's start. Its
+  baseline, in the same run: the same task with the tokenizer loaded before anything else and
+  every prompt counted before it is sent (how the task started before ``startup``)
 
     python -m benchmarks.bench_saturation [--prompts 4000] [--time-scale 0.25]
 
@@ -41,7 +43,8 @@ from benchmarks.common import (
 )
 from include.generation.engine import EngineConfig, run_shard
 from include.generation.journal import FileJournal
-from include.prompts.prepare import encode_record, shard_key
+from include.layout import shard_key
+from include.prompts.prepare import encode_record
 from include.storage import LocalStore
 from include.tokenization import count_prompt_tokens, load_tokenizer
 
@@ -72,13 +75,27 @@ def measure(label: str, urls: list[str], prompts: list[dict], config: EngineConf
     }
 
 
-def task_child(store_dir: str, tokenizer_dir: str, urls: str, max_tokens: int) -> None:
-    """In a fresh process: run shard 0 as the generate task does; print its times as JSON."""
+def task_child(store_dir: str, tokenizer_dir: str, urls: str, max_tokens: int,
+               tokenizer_first: bool) -> None:
+    """In a fresh process: run shard 0 as the generate task does; print its times as JSON.
+
+    ``tokenizer_first``: the task waits for its tokenizer where it starts loading it, so every
+    prompt is counted before it is sent (the baseline).
+    """
     import airflow.sdk  # noqa: F401 - what a task runner has imported before the task starts
 
     started = time.monotonic()
-    from include.generation import client
+    from include.generation import client, shard
     from include.generation.shard import generate_shard
+    from include.generation.startup import PromptCounter
+
+    class TokenizerFirst(PromptCounter):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.tokenizer  # noqa: B018 - waits for the load, as the task once did
+
+    if tokenizer_first:
+        shard.PromptCounter = TokenizerFirst
 
     first: list[float] = []
     send = client.send_chat
@@ -98,7 +115,7 @@ def task_child(store_dir: str, tokenizer_dir: str, urls: str, max_tokens: int) -
 
 
 def measure_task(urls: list[str], tokenizer_dir: Path, prompts: list[dict], max_tokens: int,
-                 ceiling: float) -> dict[str, float]:
+                 ceiling: float, tokenizer_first: bool = False) -> dict[str, float]:
     """Run shard 0 in a fresh process (``task_child``); return its figures from its start."""
     with Sampler(urls) as sampler, tempfile.TemporaryDirectory() as tmp:
         LocalStore(tmp).write_new(shard_key(0), b"".join(encode_record(p) for p in prompts))
@@ -109,7 +126,8 @@ def measure_task(urls: list[str], tokenizer_dir: Path, prompts: list[dict], max_
         spawned = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.bench_saturation", "--task-child", tmp,
-             str(tokenizer_dir), ",".join(urls), str(max_tokens)],
+             str(tokenizer_dir), ",".join(urls), str(max_tokens),
+             "first" if tokenizer_first else "lazy"],
             capture_output=True, text=True, env=env, cwd=ROOT, check=False)
         if done.returncode:
             raise SystemExit(f"the task process failed:\n{done.stderr[-3000:]}")
@@ -129,11 +147,11 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=0.25,
                         help="stand-in time scale (1.0: ~1,400 tok/s per server at full batch)")
     parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--task-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--task-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.task_child:
-        store_dir, tokenizer_dir, urls, max_tokens = args.task_child
-        task_child(store_dir, tokenizer_dir, urls, int(max_tokens))
+        store_dir, tokenizer_dir, urls, max_tokens, order = args.task_child
+        task_child(store_dir, tokenizer_dir, urls, int(max_tokens), order == "first")
         return
 
     with standin_fleet("saturation", standin_time_scale=args.time_scale,
@@ -150,14 +168,17 @@ def main() -> None:
         ours = measure("engine", urls, prompts, engine, counter, ceiling)
         base = measure("fixed32", urls, prompts, baseline, counter, ceiling)
         task = measure_task(urls, fleet.tokenizer_dir, prompts, args.max_tokens, ceiling)
+        task_base = measure_task(urls, fleet.tokenizer_dir, prompts, args.max_tokens, ceiling,
+                                 tokenizer_first=True)
 
     print(f"{'config':<22}{'tok/s':>10}{'ratio':>8}{'steady':>8}{'seconds':>9}{'drain s':>9}")
     for name, r in (("engine (adaptive)", ours), ("fixed 32/server", base)):
         print(f"{name:<22}{r['tokens_per_s']:>10.0f}{r['ratio']:>8.3f}{r['steady_ratio']:>8.3f}"
               f"{r['seconds']:>9.1f}{r['drain_s']:>9.1f}")
-    print(f"{'generate task':<22}{task['tokens_per_s']:>10.0f}{task['ratio']:>8.3f}{'':>8}"
-          f"{task['seconds']:>9.1f}   first request {task['first_request_s']:.2f} s after the "
-          f"task's start ({task['process_first_request_s']:.2f} s after its process's)")
+    for name, r in (("generate task", task), ("task, tokenizer first", task_base)):
+        print(f"{name:<22}{r['tokens_per_s']:>10.0f}{r['ratio']:>8.3f}{'':>8}"
+              f"{r['seconds']:>9.1f}   first request {r['first_request_s']:.2f} s after the "
+              f"task's start ({r['process_first_request_s']:.2f} s after its process's)")
     print(f"ceiling (8 stand-ins): {ceiling:.0f} tok/s; engine windows at the end: "
           f"{ours['final_windows']}")
     print(json.dumps({
@@ -175,6 +196,9 @@ def main() -> None:
         "task_first_request_s": round(task["first_request_s"], 2),
         "task_process_first_request_s": round(task["process_first_request_s"], 2),
         "task_seconds": round(task["seconds"], 2),
+        "baseline_task_ratio_to_ceiling": round(task_base["ratio"], 4),
+        "baseline_task_first_request_s": round(task_base["first_request_s"], 2),
+        "baseline_task_seconds": round(task_base["seconds"], 2),
         "seconds": round(ours["seconds"], 2),
         "drain_seconds": round(ours["drain_s"], 2),
     }))

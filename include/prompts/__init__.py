@@ -1,6 +1,5 @@
 """The prepare stage: read the source datasets, filter, dedupe, sample, cut into shards."""
 
-from include.layout import MANIFEST_KEY, shard_id, shard_key
 from include.prompts.errors import PrepareError
 from include.prompts.funnel import DROP_REASONS, format_funnel
 from include.prompts.prepare import prepare_prompts
@@ -8,12 +7,9 @@ from include.prompts.shards import read_shard, read_shard_by_id
 
 __all__ = [
     "DROP_REASONS",
-    "MANIFEST_KEY",
     "PrepareError",
     "format_funnel",
     "prepare_prompts",
     "read_shard",
     "read_shard_by_id",
-    "shard_id",
-    "shard_key",
 ]

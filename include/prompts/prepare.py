@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from include.layout import MANIFEST_KEY, PROMPTS_PREFIX, shard_id, shard_index, shard_key
+from include.layout import MANIFEST_KEY, PROMPTS_PREFIX
 from include.prompts.dedupe import Kept, KeySet, dedupe, load_existing_keys
 from include.prompts.encoding import encode_record
 from include.prompts.errors import PrepareError
@@ -49,8 +49,6 @@ from include.storage import Store, open_store
 # benchmarks) import these names from here.
 __all__ = [
     "DROP_REASONS",
-    "MANIFEST_KEY",
-    "PROMPTS_PREFIX",
     "PrepareError",
     "check_layout",
     "encode_record",
@@ -60,9 +58,6 @@ __all__ = [
     "prepare_prompts",
     "read_shard",
     "read_shard_by_id",
-    "shard_id",
-    "shard_index",
-    "shard_key",
 ]
 
 log = logging.getLogger(__name__)

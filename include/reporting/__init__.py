@@ -19,7 +19,6 @@ _EXPORTS = {
     "raise_for_gates": "include.reporting.gates",
     "build_report": "include.reporting.report",
     "format_summary": "include.reporting.report",
-    "report_prefix": "include.layout",
 }
 __all__ = sorted(_EXPORTS)
 

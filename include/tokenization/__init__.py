@@ -10,7 +10,7 @@ from include.tokenization.outputs import (
     Sample,
     TokenizeResult,
 )
-from include.tokenization.stage import tokenize_shard, tokenized_keys
+from include.tokenization.stage import tokenize_shard
 from include.tokenization.tokenizer import (
     TokenizerError,
     count_prompt_tokens,
@@ -32,5 +32,4 @@ __all__ = [
     "render_prompts",
     "tokenize_completions",
     "tokenize_shard",
-    "tokenized_keys",
 ]

@@ -40,7 +40,6 @@ __all__ = [
     "tokenize_completions",
     "tokenize_run_shard",
     "tokenize_shard",
-    "tokenized_keys",
 ]
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from include.generation.engine import EngineConfig
 from include.generation.shard import build_shard_output
-from include.prompts.prepare import encode_record, shard_key
+from include.layout import shard_key
+from include.prompts.prepare import encode_record
 from include.storage import LocalStore
 from include.tokenization import count_prompt_tokens, load_tokenizer
 

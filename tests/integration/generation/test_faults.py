@@ -16,13 +16,8 @@ import pytest
 
 from include.generation.engine import GenerationError, run_shard
 from include.generation.journal import FileJournal, StoreJournal
-from include.generation.shard import (
-    generate_shard,
-    journal_prefix,
-    load_journal_records,
-    output_keys,
-    publish_shard,
-)
+from include.generation.shard import generate_shard, load_journal_records, publish_shard
+from include.layout import journal_prefix, output_keys
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings

@@ -1,5 +1,6 @@
 """One writer per shard (issue 18), through ``generate_shard`` and ``publish_shard`` against
-real stand-ins: skewed clocks, a zombie try and its retry, a dead try, a fenced-out upload.
+real stand-ins: skewed clocks, a zombie try and its retry, a dead try, a fenced-out upload,
+a holder paused mid-PUT whose segment lands after the takeover (issue 26).
 
 Only names today's code has too are used, so each test fails on the code before the lease
 by what it does, not by an import."""
@@ -17,13 +18,8 @@ import time
 
 import pytest
 
-from include.generation.shard import (
-    generate_shard,
-    journal_prefix,
-    load_journal_records,
-    output_keys,
-    publish_shard,
-)
+from include.generation.shard import generate_shard, load_journal_records, publish_shard
+from include.layout import journal_prefix, output_keys
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
 from tests.integration.generation.helpers import ROOT, make_prompts, write_shard
@@ -189,3 +185,93 @@ def test_a_late_upload_from_a_fenced_out_try_is_refused(shard) -> None:
     # Every segment carries its writer's lease generation, the fencing token: the first's.
     assert segments and all(re.search(r"/part-\d+-00000001[0-9a-f]{12}-\d+\.jsonl$", k)
                             for k in segments)
+
+
+# A holder whose second journal segment is on the wire when the network cuts and the worker
+# is paused (SIGSTOP): the PUT lands when the process is continued, after the takeover.
+_PAUSED_TRY = """
+import json, os, signal, sys
+from pathlib import Path
+from include.generation.shard import generate_shard
+from include.storage import LocalStore
+from tests.fixtures.settings import run_settings
+run, deployment = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+marker = Path(sys.argv[5])
+
+class PausedMidPut(LocalStore):
+    segments = 0
+
+    def write_new(self, key, data):
+        if "/part-" in key:
+            self.segments += 1
+            if self.segments == 2:
+                tmp = marker.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"key": key, "lines": data.decode()}))
+                tmp.rename(marker)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return super().write_new(key, data)
+
+generate_shard(run_settings(run, **deployment), "shard-00000", sys.argv[3].split(","),
+               PausedMidPut(sys.argv[4]), run_id="run-a", is_live=lambda r: True,
+               lease_ttl_s=2.0, all_down_timeout_s=5.0, cool_down_s=0.2)
+"""
+
+
+def _chat(i: int) -> dict:
+    messages = []
+    for k in range(3):
+        messages += [{"role": "user", "content": f"Chat {i} question {k}: explain this."},
+                     {"role": "assistant", "content": "original answer"}]
+    return {"id": f"chat:{i}", "source": "chat", "metadata": {}, "messages": messages,
+            "turns": "all", "call_format": "tool_call"}
+
+
+def test_a_paused_holders_segment_landing_after_the_takeover_never_reaches_the_output(
+    standins, tokenizer_dir, tmp_path
+) -> None:
+    """Before: publishing kept the paused holder's records of the prompts (and turns) in its
+    late segment, whose key (stamped before the pause) sorted first, over the new holder's,
+    while the manifest named the new generation."""
+    old_server, new_server = standins(2, standin_time_scale=0.1)
+    store = LocalStore(tmp_path / "out" / "r")
+    prompts = [_chat(i) for i in range(6)] + make_prompts(40)
+    write_shard(store, prompts)
+    values = _settings(tmp_path, tokenizer_dir)
+    values[0]["turns"] = "all"
+    marker = tmp_path / "paused.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", _PAUSED_TRY, *map(json.dumps, values),
+                             old_server.url, store.root, str(marker)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                proc.communicate()[1].decode(errors="replace")[-2000:]
+            time.sleep(0.05)
+        stale = json.loads(marker.read_text())
+        # Another try takes the shard over once the paused holder's lease expires.
+        summary = _generate(store, [new_server.url], values, "run-b", lambda r: True)
+        assert summary["lease"]["generation"] == 2
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        _, err = proc.communicate(timeout=60)
+    # Continued, it finds its lease lost and stops, publishing nothing.
+    assert proc.returncode != 0 and "lease generation 1" in err.decode(errors="replace")
+    assert store.exists(stale["key"])  # the late PUT did land, after the takeover
+    manifest = publish_shard(SHARD, store, generation=summary)
+    assert manifest["lease"]["generation"] == 2
+    rows = {r["id"]: r for r in map(json.loads, store.read(output_keys(SHARD)[0]).splitlines())}
+    assert sorted(rows) == sorted(p["id"] for p in prompts)
+    late = [json.loads(x) for x in stale["lines"].splitlines()]
+    assert late
+    for record in late:
+        if record.get("kind") == "conversation_turn":
+            turn = next(t for t in rows[record["conversation_id"]]["turn_results"]
+                        if t["index"] == record["turn"])
+            assert turn["server"] == new_server.url, record["id"]
+        elif record.get("kind") is None and record["id"] in rows:
+            assert rows[record["id"]] != {**record, **{k: rows[record["id"]][k] for k in (
+                "messages", "metadata") if k in rows[record["id"]]}}, record["id"]
+            if not record.get("turns"):
+                assert rows[record["id"]]["server"] == new_server.url, record["id"]

@@ -8,13 +8,8 @@ from collections import Counter, defaultdict
 import pyarrow.parquet as pq
 import pytest
 
-from include.reporting import (
-    QualityGateError,
-    QualityGates,
-    build_report,
-    raise_for_gates,
-    report_prefix,
-)
+from include.layout import report_prefix
+from include.reporting import QualityGateError, QualityGates, build_report, raise_for_gates
 from include.storage import LocalStore
 from tests.integration.reporting.real_run import build_run, run_settings, start_servers
 

@@ -21,8 +21,8 @@ from include.generation.claims import wait_for_turn
 from include.generation.journal import StoreJournal
 from include.generation.lease import LeaseState
 from include.generation.shard import load_journal_records, publish_shard
-from include.layout import journal_prefix, lease_key
-from include.prompts.prepare import encode_record, shard_key
+from include.layout import journal_prefix, lease_key, shard_key
+from include.prompts.prepare import encode_record
 from include.storage import LocalStore
 
 SHARD = "shard-00000"

@@ -6,8 +6,8 @@ import json
 
 from include.generation.journal import StoreJournal, compact, read_segments
 from include.generation.shard import load_journal_records, publish_shard
-from include.layout import compacted_keys, journal_prefix
-from include.prompts.prepare import encode_record, shard_key
+from include.layout import compacted_keys, journal_prefix, shard_key
+from include.prompts.prepare import encode_record
 from include.storage import LocalStore
 
 SHARD = "shard-00000"

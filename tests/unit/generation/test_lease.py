@@ -14,11 +14,11 @@ import pytest
 from include.generation import lease
 from include.generation.claims import LeaseBusy, wait_for_turn
 from include.generation.journal import StoreJournal
-from include.generation.lease import LeaseLost, beat_key, lease_key, newest, try_take
+from include.generation.lease import LeaseLost, newest, try_take
 from include.generation.shard import publish_shard
-from include.layout import journal_prefix, output_keys
+from include.layout import beat_key, journal_prefix, lease_key, output_keys, shard_key
 from include.pipeline.airflow_state import airflow_run_is_live
-from include.prompts.prepare import encode_record, shard_key
+from include.prompts.prepare import encode_record
 from include.storage import LocalStore
 
 SHARD = "shard-00000"

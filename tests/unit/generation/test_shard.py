@@ -10,9 +10,8 @@ import time
 import pytest
 
 from include.generation.shard import wait_for_progress
-from include.layout import journal_prefix, started_key
+from include.layout import MANIFEST_KEY, journal_prefix, started_key
 from include.pipeline.plan import plan_run
-from include.prompts import MANIFEST_KEY
 from include.settings import RunSettings
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from include.layout import MANIFEST_KEY, shard_id
 from include.pipeline.plan import check_map_length, plan_run, stagger
 from include.pipeline.run import outputs_uri, trusted_outputs_uri
-from include.prompts import MANIFEST_KEY
-from include.prompts.prepare import shard_id
 from include.servers.report import XComMismatchError
 from include.settings import RunSettings, SettingsError
 from include.storage import LocalStore

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from include.prompts import DROP_REASONS, MANIFEST_KEY, PrepareError, prepare_prompts, read_shard
+from include.layout import MANIFEST_KEY
+from include.prompts import DROP_REASONS, PrepareError, prepare_prompts, read_shard
 from include.prompts.readers import SourceReadError
 from include.prompts.schemas import UnknownLayoutError
 from include.settings import RunSettings, SettingsError

@@ -13,10 +13,9 @@ from typing import Any
 
 from include.generation.journal import StoreJournal
 from include.generation.shard import build_shard_output
-from include.layout import pretokenized_key
-from include.prompts.prepare import MANIFEST_KEY, shard_index
+from include.layout import MANIFEST_KEY, pretokenized_key, shard_index, tokenized_keys
 from include.storage import Store, publish_files, publish_generated_shard
-from include.tokenization.stage import Sample, TokenizeResult, tokenized_keys
+from include.tokenization.stage import Sample, TokenizeResult
 
 T0 = 1_800_000_000.0
 

@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from include.reporting import (
-    QualityGateError,
-    QualityGates,
-    build_report,
-    raise_for_gates,
-    report_prefix,
-)
+from include.layout import report_prefix
+from include.reporting import QualityGateError, QualityGates, build_report, raise_for_gates
 from tests.unit.reporting.synthetic_run import ShardSpec, write_run
 
 SHARDS = {
