@@ -37,6 +37,10 @@ REPORT_MARKDOWN = "report.md"
 CARD_NAME = "README.md"
 
 _SHARD_PREFIX = "shard-"
+#: Every tokenized shard's parquet and conversations file, as globs relative to the run's
+#: outputs (the dataset card's ``data_files`` and what it tells a reader to load).
+TOKENIZED_PARQUET_GLOB = f"{TOKENIZED_PREFIX}/{_SHARD_PREFIX}*.parquet"
+CONVERSATIONS_GLOB = f"{TOKENIZED_PREFIX}/{_SHARD_PREFIX}*.conversations.jsonl"
 
 
 def run_folder(run_id: str) -> str:

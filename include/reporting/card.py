@@ -14,10 +14,11 @@ from typing import Any
 
 import yaml
 
+from include.layout import CONVERSATIONS_GLOB, TOKENIZED_PARQUET_GLOB
 from include.reporting.trainers import training_lines
 
 #: The card's ``data_files``: the tokenized shards, relative to the card (the run's outputs).
-DATA_FILES = "tokenized/shard-*.parquet"
+DATA_FILES = TOKENIZED_PARQUET_GLOB
 NOT_REPORTED = "not reported"
 #: Stands where the settings fingerprint goes until the run records one.
 FINGERPRINT_PLACEHOLDER = "NOT RECORDED (placeholder: the run does not record one yet)"
@@ -253,7 +254,7 @@ def _load_lines() -> list[str]:
             "(`<source>:<config>:<row>`), `finish_reason`, `token_source`, and the provenance "
             "columns. The same rows for trainers: `pretokenized.jsonl` and `pretokenized/` "
             "(above). Conversations, re-tokenized by whoever reads them, are beside each shard "
-            "(`tokenized/shard-*.conversations.jsonl`).",
+            f"(`{CONVERSATIONS_GLOB}`).",
             ""]
 
 

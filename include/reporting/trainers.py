@@ -16,7 +16,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from include.layout import PRETOKENIZED_PREFIX, pretokenized_key, pretokenized_run_key, shard_index
+from include.layout import (
+    CONVERSATIONS_GLOB,
+    PRETOKENIZED_PREFIX,
+    pretokenized_key,
+    pretokenized_run_key,
+    shard_index,
+)
 from include.storage import ObjectExistsError, Store
 
 #: SpecForge's ``data.max_length`` default (``specforge/config/schema.py`` ``DataConfig``):
@@ -127,10 +133,10 @@ def training_lines(export: Mapping[str, Any], figures: Mapping[str, Any], model:
         "never token ids, and Qwen3's template has no `{% generation %}` markers, so it "
         "cannot mask multi-turn answers: it cannot train on these rows exactly. The closest "
         "path is SpecForge or speculators above; failing that, "
-        "`tokenized/shard-*.conversations.jsonl` with only the turns marked "
+        f"`{CONVERSATIONS_GLOB}` with only the turns marked "
         "`\"generated\": true` in the loss.", "",
         "### What the text path would change in this run", "",
-        f"Re-tokenizing `tokenized/shard-*.conversations.jsonl` (SpecForge's "
+        f"Re-tokenizing `{CONVERSATIONS_GLOB}` (SpecForge's "
         f"`train_data_path`, speculators' render path, Automodel) would change every one of "
         f"the {rows:,} rows:", "",
         *_text_rows(tp),
