@@ -134,3 +134,60 @@ def bench_settings(values: dict, **deployment: object):
                                 "sglang_conn_id": "bench_no_key", "source_catalogue": {},
                                 **deployment})
     return RunSettings.from_mapping(values, dep)
+
+
+class TreeMemory(threading.Thread):
+    """Sample, every ``interval`` s, the resident memory of process trees by name.
+
+    ``peaks()`` gives per name the largest single process and the largest sum over the tree
+    (a component and every task process it started), in MiB.
+    """
+
+    def __init__(self, interval: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.roots: dict[str, list[int]] = {}
+        self.peak_one: dict[str, float] = {}
+        self.peak_sum: dict[str, float] = {}
+        self.stop_event = threading.Event()
+
+    def watch(self, name: str, pid: int | None) -> None:
+        """Add the tree of ``pid`` under ``name`` (several trees may share a name)."""
+        if pid and pid not in self.roots.setdefault(name, []):
+            self.roots[name].append(pid)
+
+    def sample(self) -> None:
+        import psutil
+
+        for name, pids in list(self.roots.items()):
+            sizes = []
+            for pid in pids:
+                try:
+                    root = psutil.Process(pid)
+                    procs = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    continue
+                for proc in procs:
+                    try:
+                        sizes.append(proc.memory_info().rss / 2**20)
+                    except psutil.Error:
+                        pass
+            if sizes:
+                self.peak_one[name] = max(self.peak_one.get(name, 0.0), max(sizes))
+                self.peak_sum[name] = max(self.peak_sum.get(name, 0.0), sum(sizes))
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            self.sample()
+
+    def peaks(self) -> dict[str, dict[str, float]]:
+        return {name: {"process": round(self.peak_one[name], 1),
+                       "tree": round(self.peak_sum[name], 1)} for name in sorted(self.peak_one)}
+
+    def __enter__(self) -> TreeMemory:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.join()
