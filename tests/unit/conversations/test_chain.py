@@ -179,6 +179,42 @@ def test_a_one_line_fenced_command_is_not_followed_by_the_datasets_observation()
                    for m in sent)
 
 
+def test_the_ends_the_run_reports_are_the_ends_of_what_was_sent() -> None:
+    # The engine's side (generation.conversing) drives the chain, the tokenization stage
+    # counts the final records' ends for the report: both must say what the server received.
+    from include.generation.conversing import Conversations
+    from include.tokenization.conversations import explode
+
+    def agent(i: int) -> dict:
+        return {"id": f"os:{i}", "source": "agentinstruct", "turns": "all",
+                "call_format": "agent_action",
+                "messages": [{"role": "user", "content": "Answer with Act: bash or Act: finish."},
+                             {"role": "assistant", "content": "OK."},
+                             {"role": "user", "content": f"Task: {i}"},
+                             {"role": "assistant", "content": "Think: list files.\n\nAct: bash"},
+                             {"role": "user", "content": "The output of the OS: a.txt"},
+                             {"role": "assistant", "content": "Act: finish"}]}
+
+    prompts = [agent(i) for i in range(4)]
+    engine = Conversations(lambda ms: 10, lambda: 4096, 256, 16, 16)
+    engine.resume("shard-00000", prompts, [])
+    server = IntServer()
+    for p in prompts:  # conversation 0 runs a command the dataset's action does not
+        task = ("Act: bash\n\n```ls /etc | wc -l```" if p["id"] == "os:0"
+                else "Think: look.\n\nAct: bash")
+        for text in ["OK.", task, "Act: finish"]:
+            planned = engine.plan(p["id"])
+            if not isinstance(planned, tuple):
+                break
+            engine.turn_done(p["id"], server.answer(planned[0], text), server.url, {})
+    observed = [sent[-1]["content"].startswith("The output of the OS") for sent in server.sent]
+    assert sum(observed) == 3  # no observation after the command the target ran itself
+    _, found = explode([engine.final_record(p) for p in prompts])
+    as_sent = {chain.COMPLETED: 3, chain.TOOL_CALL_DIVERGED: 1}
+    assert {k: v for k, v in engine.summary()["ends"].items() if v} == as_sent
+    assert dict(found.ends) == as_sent
+
+
 def test_consecutive_dataset_turns_are_sent_together() -> None:
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
                 {"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"},
