@@ -138,8 +138,12 @@ def _replay(state: ChainState, entry: _Records) -> ChainState:
         parent = best["digest"]
     if state.end is not None:
         if children.get(parent):
+            # E.g. a journal written before agent actions were read in every fence form:
+            # its later turns follow an observation of a command the target never ran.
             raise ResumeError(f"{cid}: turns journaled after the conversation ended "
-                              f"({state.end.reason})")
+                              f"({state.end.reason}: {state.end.detail}); a journal written "
+                              "by a release that paired calls otherwise cannot be continued: "
+                              "generate the shard again with force_regenerate")
         return state
     ends = sorted((e for e in entry.ends if e["parent"] == parent and not e.get("retryable")),
                   key=lambda e: json.dumps(e, sort_keys=True))

@@ -96,6 +96,25 @@ def test_turns_after_an_end_are_an_error() -> None:
         resume([*records, extra], starts(fresh))
 
 
+def test_a_journal_that_paired_a_command_the_dataset_never_ran_is_not_continued() -> None:
+    # Written before one-line fences were read: the observation followed the target's own
+    # command. Replayed under today's pairing the chain ends there; its later turns are refused.
+    agent = [{"role": "user", "content": "Answer with Act: bash or Act: finish."},
+             {"role": "assistant", "content": "OK."},
+             {"role": "user", "content": "Task: count."},
+             {"role": "assistant", "content": "Think: list files.\n\nAct: bash"},
+             {"role": "user", "content": "The output of the OS: a.txt"},
+             {"role": "assistant", "content": "Act: finish"}]
+    fresh = start("os", agent, "agent_action")
+    ended, records = journaled(fresh, ["OK.", "Act: bash\n\n```ls /etc | wc -l```"])
+    assert ended.end.reason == chain.TOOL_CALL_DIVERGED
+    later = {**records[1], "turn": 2, "parent": records[1]["digest"], "inputs": [4, 5],
+             "next_index": 6, "text": "Act: finish", "end": {"reason": "completed"},
+             "digest": chain.turn_digest(records[1]["digest"], (4, 5), "Act: finish")}
+    with pytest.raises(ResumeError, match="ls /etc.*force_regenerate"):
+        resume([*records, later], starts(fresh))
+
+
 def test_a_final_end_record_ends_it_and_a_retryable_one_lets_it_go_on() -> None:
     fresh = start("a", chat(3))
     state, records = journaled(fresh, ["x"])
