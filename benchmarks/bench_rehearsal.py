@@ -185,24 +185,46 @@ def busy_share(samples: dict[tuple[str, float], dict[str, float]]) -> dict[str, 
             "window_s": window, "servers": len(urls), "server_lives": len(samples)}
 
 
-def monitor_refresh(tier: Tier) -> dict[str, float]:
-    """One refresh of the run monitor over the tier's S3 (no cache): seconds, peak MiB."""
+def measured(what: str, call: Any) -> tuple[Any, dict[str, float]]:
+    """Return ``call()`` and its seconds and Python peak memory (MiB) as ``<what>_...``."""
     import tracemalloc
 
-    from include.reporting.monitor import RunMonitor
-    from include.storage import open_store
-
-    conn = json.loads(json.loads((tier.state / "connections.json").read_text())["s3"])
-    os.environ.setdefault("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
-    store = open_store(f"s3://{deploy.BUCKET}/runs", s3_conn_id="aws_default")
     tracemalloc.start()
     t = time.perf_counter()
-    states = RunMonitor(store, ttl_s=0.0).live_runs()
+    value = call()
     seconds = time.perf_counter() - t
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
-    return {"monitor_refresh_s": round(seconds, 3), "monitor_peak_mib": round(peak, 2),
-            "monitor_runs": len(states)}
+    return value, {f"{what}_s": round(seconds, 3), f"{what}_peak_mib": round(peak, 2)}
+
+
+def reporting_costs(tier: Tier, conf: dict[str, Any], plan: list[dict[str, Any]]
+                    ) -> dict[str, float]:
+    """In this process, over the run's S3, as the worker's environment sees it: one monitor
+    refresh (no cache), the whole report again (into its own ``report/<id>/``), the card."""
+    import tracemalloc
+
+    env = tier.component_environment(WORKERS[0])
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("REGEN_", "AIRFLOW_CONN"))})
+    from include.layout import MANIFEST_KEY, REPORT_JSON, report_prefix
+    from include.pipeline.run import bind, open_run_store
+    from include.reporting.card import render_card
+    from include.reporting.monitor import RunMonitor
+    from include.reporting.report import build_report
+    from include.storage import open_store
+
+    root = open_store(f"s3://{deploy.BUCKET}/runs", s3_conn_id="aws_default")
+    states, out = measured("monitor_refresh", RunMonitor(root, ttl_s=0.0).live_runs)
+    settings = bind(conf)
+    store = open_run_store(settings)
+    run_id = f"bench-{time.time_ns()}"
+    _, report = measured("report", lambda: build_report(
+        settings, store, store, [p["shard_id"] for p in plan], [], run_id=run_id))
+    written = json.loads(store.read(report_prefix(run_id) + REPORT_JSON))
+    manifest = json.loads(store.read(MANIFEST_KEY))
+    _, card = measured("card", lambda: render_card(written, manifest, settings.to_dict()))
+    tracemalloc.stop()
+    return {**out, "monitor_runs": len(states), **report, **card}
 
 
 def task_seconds(tis: list[dict[str, Any]], task_id: str) -> list[float]:
@@ -309,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             secs = task_seconds(tis, task)
             if secs:
                 out[f"median_{task.split('.')[-1]}_task_s"] = round(statistics.median(secs), 2)
-        out.update(monitor_refresh(tier))
+        out.update(reporting_costs(tier, conf, plan))
     finally:
         tier.down(log=log)
         remove_database(tier)

@@ -94,7 +94,10 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            self.samples.append((time.monotonic(), _generated_tokens(self.urls)))
+            try:
+                self.samples.append((time.monotonic(), _generated_tokens(self.urls)))
+            except OSError:  # a server too busy to answer in time: the next sample counts
+                pass
             self.stop_event.wait(self.interval)
 
     def tokens_at(self, t: float) -> float:
