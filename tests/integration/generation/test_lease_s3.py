@@ -1,5 +1,5 @@
 """The shard lease on a real S3 endpoint (moto_server): conditional puts pick one taker per
-generation, renewals are objects, a late publish is refused."""
+generation, renewals are objects, a late publish is refused, a late segment is not read."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from include.generation.claims import wait_for_turn
+from include.generation.journal import StoreJournal
 from include.generation.lease import LeaseLost, check_token, newest, try_take
 from include.storage import S3Store
 from tests.fixtures.s3 import Bucket, moto_endpoint, s3_bucket  # noqa: F401
@@ -59,3 +60,24 @@ def test_a_dead_holder_on_s3_expires_and_its_late_write_is_refused(
     check_token(store, PREFIX, 2, "shard-00000")  # the new holder's token is current
     taker.release(complete=True)
     assert newest(store, PREFIX).released == {"holder": taker.holder, "complete": True}
+
+
+def test_a_segment_landing_on_s3_after_the_takeover_is_not_read(
+    s3_bucket: Bucket,  # noqa: F811
+) -> None:
+    """Issue 26.2 on S3: the segments are listed, then the newest generation read; the one a
+    paused holder lands after the takeover is in no resume (``fencing``)."""
+    store = _store(s3_bucket)
+    old = try_take(store, PREFIX, 1, "run-1/a", "run-1", ttl_s=0.3)
+    stale = StoreJournal(store, PREFIX, tag="00000001")
+    stale.append({"id": "p:0", "status": "completed", "server": "old"})
+    stale.flush()
+    late = (f"{PREFIX}/part-{time.time_ns():020d}-{stale._writer}-000001.jsonl",
+            b'{"id": "p:1", "status": "completed", "server": "old"}\n')
+    del old  # paused: never renews
+    taker = wait_for_turn(store, "shard-00000", PREFIX, "run-2", lambda r: True,
+                          done=lambda: False, poll_s=0.05, timeout_s=10)
+    assert taker.generation == 2
+    store.write_new(*late)
+    assert sorted(StoreJournal(store, PREFIX).load()) == ["p:0"]
+    taker.release(complete=False)
