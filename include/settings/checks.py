@@ -3,8 +3,8 @@
 Each raises SettingsError naming the setting, the value and what is accepted. The
 ``check_settings`` task (``include.pipeline.check``) runs them beside the checks that need the
 stages (a source's first row, the tokenizer, the servers' keys), and reports every problem at
-once. The only write is the create-only probe of an S3 output root
-(``include.storage.probe``), once per root and endpoint.
+once. The only write is the create-only probe of an S3 store, in the run's location, on
+every run (``include.storage.probe``).
 """
 
 from __future__ import annotations
@@ -299,7 +299,11 @@ def _suggest_name(model_path: str) -> str:
 
 
 def check_store_create_only(run: RunSettings) -> None:
-    """Refuse an output store that overwrites existing keys (it ignores If-None-Match)."""
+    """Refuse a store that overwrites existing keys where this run writes, probed now.
+
+    The probe goes in the run's own location (``include.storage.probe``), on every run: a
+    store can change behind its endpoint, or by prefix, between runs.
+    """
     from include.storage import StoreError, open_store
     from include.storage.probe import prove_create_only
 
@@ -307,13 +311,13 @@ def check_store_create_only(run: RunSettings) -> None:
     if not root.startswith("s3://"):
         return  # a local directory is create-only by construction (O_EXCL)
     try:
-        store = open_store(root, s3_conn_id=run.deployment.s3_conn_id,
+        store = open_store(run.run_uri, s3_conn_id=run.deployment.s3_conn_id,
                            protected_prefixes=run.deployment.protected_prefixes)
         how = prove_create_only(store)
     except StoreError as exc:
         raise SettingsError(f"deployment setting `output_root` ({env_name('output_root')} = "
-                            f"{root!r}): {exc}") from None
-    log.info("output root %s is create-only (%s)", root, how)
+                            f"{root!r}), run location {run.run_uri}: {exc}") from None
+    log.info("run location %s is create-only (%s)", run.run_uri, how)
 
 
 def describe(run: RunSettings) -> str:

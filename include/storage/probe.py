@@ -1,17 +1,18 @@
-"""Prove a store create-only before a run writes to it: a key written twice must be refused.
+"""Prove a store create-only where a run writes, every run: a key written twice must be refused.
 
 Create-only writes on S3 rest on ``If-None-Match: *``. AWS S3 and current MinIO honour it;
 older MinIO releases and several S3-compatible stores ignore it and overwrite, and nothing in
-a single write shows it (the post-write checksum reads back the new bytes and passes). So the
-output root is probed once: a probe key is written, then written again with other bytes, and
-the second write must be refused. A store that overwrites is refused with its name and what
-to do. A store that passed leaves a marker (written create-only, named after the endpoint,
-bucket and prefix), so each root and deployment is probed once, not on every run.
+a single write shows it (the post-write checksum reads back the new bytes and passes). So
+before a run writes, a probe key in the run's own location is written, written again with
+other bytes, then completed over by a one-part multipart upload, and both overwrites must be
+refused. Nothing is remembered between runs: a store proven once can be moved behind a
+gateway that drops the header, and a bucket policy or gateway can treat prefixes
+differently, so the proof is a few requests where and when the run writes. A store that
+overwrites is refused with its name and what to do.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import uuid
@@ -19,38 +20,42 @@ from typing import Any
 
 from include.storage.errors import StoreError
 
-#: Where probe keys and markers live, under the output root.
+#: Where probe keys live, under the location probed (docs/data-layout.md): a folder no stage,
+#: trainer or the monitor reads.
 PROBE_FOLDER = "_regen/create-only"
 
 
-def _marker_key(store: Any) -> str:
-    identity = json.dumps([getattr(store, "endpoint", ""), store.root])
-    return f"{PROBE_FOLDER}/proven-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json"
+def probe_key() -> str:
+    """Return a probe key no other probe uses (the time first, so a listing reads in order)."""
+    return f"{PROBE_FOLDER}/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex}"
 
 
 def prove_create_only(store: Any) -> str:
-    """Return how ``store`` was found create-only ("proven before" or "probed now").
+    """Return how ``store`` was found create-only; raise StoreError naming it if it is not.
 
-    Raise StoreError naming the store when a second write of one key was not refused. A
-    local directory is create-only by construction (``O_EXCL``) and is not probed.
+    A local directory is create-only by construction (``O_EXCL`` links) and is not probed.
+    Otherwise one probe key (``probe_key``) is created and then written over twice, by a
+    PutObject and by a CompleteMultipartUpload, each asking ``If-None-Match: *``; both must be
+    refused. About six requests; the probe key stays, holding its first bytes.
     """
     if not hasattr(store, "try_create"):
         return "create-only by construction"
-    marker = _marker_key(store)
-    if store.exists(marker):
-        return "proven before"
-    probe = f"{PROBE_FOLDER}/probe-{uuid.uuid4().hex}"
-    if not store.try_create(probe, b"first"):
-        raise StoreError(f"{store.uri(probe)}: a fresh probe key was refused as existing")
-    if store.try_create(probe, b"second"):
-        raise StoreError(
-            f"the store at {store.root} (endpoint {getattr(store, 'endpoint', '?')}) "
-            "overwrote an existing key although the write asked If-None-Match: *; it would "
-            f"silently replace published data (probe {store.uri(probe)}). Use a store that "
-            "honours conditional writes (AWS S3, or MinIO RELEASE.2024-11 or newer), or "
-            "another output_root."
-        )
-    record = {"proven_at": round(time.time(), 3), "probe": probe,
-              "endpoint": getattr(store, "endpoint", ""), "root": store.root}
-    store.write_new(marker, json.dumps(record, sort_keys=True).encode())
-    return "probed now"
+    key = probe_key()
+    endpoint = getattr(store, "endpoint", "?")
+    first = json.dumps({"probe": "create-only", "at": round(time.time(), 3),
+                        "endpoint": endpoint}, sort_keys=True).encode()
+    if not store.try_create(key, first):
+        raise StoreError(f"{store.uri(key)}: a fresh probe key was refused as existing")
+    for how, multipart in (("PutObject", False), ("CompleteMultipartUpload", True)):
+        if store.try_create(key, f"overwritten by {how}".encode(), multipart=multipart):
+            raise StoreError(
+                f"the store at {store.root} (endpoint {endpoint}) overwrote an existing key "
+                f"on {how} although the request asked If-None-Match: *; it would silently "
+                f"replace published data (probe {store.uri(key)})"
+                + (", and two racing large (multipart) writes of one key would both succeed"
+                   if multipart else "")
+                + ". Use a store that honours conditional writes on PutObject and "
+                "CompleteMultipartUpload (AWS S3, or MinIO RELEASE.2024-11 or newer), or "
+                "another output_root."
+            )
+    return f"probed now at {store.uri(key)}"

@@ -349,7 +349,9 @@ class S3Store:
         except (ConditionalConflict, FileNotFoundError, StoreError):
             raise  # a source's own error (named), or retry
         except ClientError as exc:
-            raise self._error(exc, "uploading", self._rel(full), conditional=True) from exc
+            conditional = getattr(exc, "operation_name", "") == "CompleteMultipartUpload"
+            raise self._error(exc, "uploading", self._rel(full), conditional=conditional
+                              ) from exc
         except Exception as exc:
             raise self._error(exc, "uploading", self._rel(full)) from exc
 

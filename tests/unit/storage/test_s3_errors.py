@@ -42,3 +42,17 @@ def test_each_failure_names_what_to_fix(exc: Exception, about_bucket: bool, word
 def test_a_missing_key_is_not_reported_as_a_missing_bucket() -> None:
     err = store_error(client_error("404"), "reading", "s3://data/k", about_bucket=False, **WHERE)
     assert "does not exist" not in str(err) and "failed: 404" in str(err)
+
+
+@pytest.mark.parametrize("code", ["NotImplemented", "501"])  # "501": an answer without XML
+def test_a_store_without_conditional_writes_is_told_so(code: str) -> None:
+    err = store_error(client_error(code), "writing", "s3://data/k", about_bucket=False,
+                      conditional=True, **WHERE)
+    assert str(err).startswith(
+        "writing s3://data/k: the store at endpoint http://s3.test:9000 does not support "
+        f"conditional writes (it answered {code} to If-None-Match: *)")
+    assert "Use a store that supports If-None-Match" in str(err)
+    # A request without the condition that the store did not implement is another problem.
+    plain = store_error(client_error(code), "reading", "s3://data/k", about_bucket=False,
+                        **WHERE)
+    assert "conditional" not in str(plain) and f"failed: {code}" in str(plain)
