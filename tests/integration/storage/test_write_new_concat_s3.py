@@ -72,10 +72,11 @@ def test_large_concatenations_go_up_in_parts_completed_create_only(s3_bucket: Bu
     assert not s3_bucket.client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads")
 
 
-def test_the_completion_carries_the_condition(s3_bucket: Bucket) -> None:
+@pytest.mark.parametrize("write", ["write_new_concat", "write_new"])
+def test_the_completion_carries_the_condition(s3_bucket: Bucket, write: str) -> None:
     """A key created while the parts went up is not replaced by the completion."""
     store = _store(s3_bucket, multipart_threshold=MiB, part_size=5 * MiB)
-    keys, _ = _write_sources(store, [6 * MiB])
+    keys, whole = _write_sources(store, [6 * MiB])
     rival = _store(s3_bucket)
 
     def create_first(**_: Any) -> None:
@@ -84,7 +85,10 @@ def test_the_completion_carries_the_condition(s3_bucket: Bucket) -> None:
     store.client.meta.events.register_first(
         "before-call.s3.CompleteMultipartUpload", create_first)
     with pytest.raises(ObjectExistsError, match="all.bin already exists"):
-        store.write_new_concat("all.bin", keys)
+        if write == "write_new":
+            store.write_new("all.bin", whole)
+        else:
+            store.write_new_concat("all.bin", keys)
     assert rival.read("all.bin") == b"the rival's bytes"
     assert not s3_bucket.client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads")
 
