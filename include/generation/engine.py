@@ -408,10 +408,11 @@ class _Run(ConversationSteps):
         asyncio.get_running_loop().call_later(delay, requeue)
 
     # --- progress ------------------------------------------------------------------------
-    async def _progress_loop(self) -> None:
+    async def _progress_loop(self) -> None:  # a line once requests are out, then per interval
+        await asyncio.sleep(min(1.0, self.cfg.progress_interval_s))
         while True:
-            await asyncio.sleep(self.cfg.progress_interval_s)
             self._log_progress()
+            await asyncio.sleep(self.cfg.progress_interval_s)
 
     def _log_progress(self, final: bool = False) -> None:
         self.tally.log_progress(len(self.prompts), time.monotonic() - self.started,

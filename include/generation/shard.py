@@ -135,6 +135,7 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
     journal = StoreJournal(store, journal_prefix(shard_id),
                            fence=lease.check if lease else None,
                            tag=f"{lease.generation:08d}" if lease else "")
+    started_at = time.time()  # wall clock: the monitor's average over generation time
     try:
         # A sampling variant with the other thinking value is counted as it renders.
         outcome = run_shard(shard_id, prompts, server_urls, journal, config, counter)
@@ -147,6 +148,7 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
         **recorded, "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
         "truncated": outcome.truncated, "resumed": outcome.resumed,
         "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
+        "started_at": round(started_at, 3), "finished_at": round(time.time(), 3),
         "requests": outcome.requests, "retries": outcome.retries,
         "retried_failures": outcome.retried_failures, "servers": outcome.servers,
         **({"conversations": outcome.conversations} if outcome.conversations else {}),
@@ -154,17 +156,30 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
 
 
 def wait_for_slot(shard_id: str, slot_free: Callable[[], bool], *, poll_s: float = 0.5,
-                  timeout_s: float = 3600.0) -> None:
+                  timeout_s: float = 3600.0, say_every_s: float = 60.0) -> None:
     """Block until ``slot_free()`` says one of the run's generation slots is free.
 
     Set up and waiting, a shard queued ahead takes a freed slot within ``poll_s``. After
-    ``timeout_s`` it starts anyway: Airflow still caps the shards running at once.
+    ``timeout_s`` it starts anyway: Airflow still caps the shards running at once. A
+    ``slot_free`` with ``holders()`` (``include.pipeline.airflow_state.SlotCheck``) says in
+    the log how many slots there are and which shards hold them, when the wait starts and
+    every ``say_every_s`` while it lasts.
     """
     began = time.monotonic()
     if slot_free():
         return
-    log.info("%s: set up and queued ahead; waiting for a generation slot", shard_id)
+    holders = getattr(slot_free, "holders", None)
+
+    def who() -> str:
+        return f" ({holders()})" if holders else ""
+
+    log.info("%s: set up and queued ahead; waiting for a generation slot%s", shard_id, who())
+    said = began
     while not slot_free():
+        if time.monotonic() - said >= say_every_s:
+            said = time.monotonic()
+            log.info("%s: still waiting for a generation slot after %.0fs%s", shard_id,
+                     said - began, who())
         if time.monotonic() - began >= timeout_s:
             log.warning("%s: no generation slot freed in %.0fs; starting anyway", shard_id,
                         timeout_s)
@@ -307,7 +322,8 @@ def publish_shard(
     data, manifest = build_shard_output(shard_id, prompts, prompt_records(records))
     if generation and not generation.get("already_done"):
         manifest["generation"] = {k: generation[k] for k in
-                                  ("elapsed_s", "resumed", "output_tokens", "requests",
+                                  ("elapsed_s", "started_at", "finished_at", "resumed",
+                                   "output_tokens", "requests",
                                    "retries", "servers", "settings_fingerprint",
                                    "regeneration", "conversations")
                                   if k in generation}

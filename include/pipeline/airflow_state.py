@@ -41,32 +41,55 @@ def airflow_run_is_live(dag_id: str) -> Callable[[str], bool]:
     return is_live
 
 
-def airflow_slot_free(dag_id: str, task_id: str, run_id: str, map_index: int,
-                      slots: int) -> Callable[[], bool]:
-    """Return whether fewer than ``slots`` shards mapped before this one (lower map index)
-    run ``task_id`` in run ``run_id``, asked of Airflow.
+class SlotCheck:
+    """Whether one of a run's generation slots is free for a shard, asked of Airflow.
 
-    Only shards mapped earlier count, so of the shards waiting the earliest goes first and no
-    two wait for each other.
+    Called, it answers whether fewer than ``slots`` shards mapped before this one (lower map
+    index) run ``task_id`` in run ``run_id``; only shards mapped earlier count, so of the
+    shards waiting the earliest goes first and no two wait for each other. ``holders()``
+    then says who holds the slots, for the shard's log.
     """
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-    def earlier(key: str) -> bool:  # keys are "<task_id>_<map_index>"
+    def __init__(self, dag_id: str, task_id: str, run_id: str, map_index: int, slots: int,
+                 names: Callable[[], list[str]] | None = None) -> None:
+        self.dag_id, self.task_id, self.run_id = dag_id, task_id, run_id
+        self.map_index, self.slots, self._names = map_index, slots, names
+        #: The map indexes of the earlier shards running ``task_id`` at the last answer.
+        self.held_by: list[int] = []
+
+    def _earlier(self, key: str) -> int | None:  # keys are "<task_id>_<map_index>"
         name, _, index = key.rpartition("_")
-        return name == task_id and index.isdigit() and int(index) < map_index
+        ok = name == self.task_id and index.isdigit() and int(index) < self.map_index
+        return int(index) if ok else None
 
-    def free() -> bool:
+    def __call__(self) -> bool:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
         try:
-            states = RuntimeTaskInstance.get_task_states(dag_id, task_ids=[task_id],
-                                                         run_ids=[run_id])
+            states = RuntimeTaskInstance.get_task_states(self.dag_id, task_ids=[self.task_id],
+                                                         run_ids=[self.run_id])
         except Exception as exc:  # noqa: BLE001 - Airflow's cap on running tasks still holds
             log.info("could not ask Airflow which shards are generating (%s); starting", exc)
             return True
-        running = [k for k, state in states.get(run_id, {}).items()
-                   if state == "running" and earlier(k)]
-        return len(running) < slots
+        self.held_by = sorted(i for k, state in states.get(self.run_id, {}).items()
+                              if state == "running" and (i := self._earlier(k)) is not None)
+        return len(self.held_by) < self.slots
 
-    return free
+    def holders(self) -> str:
+        """Return e.g. "3 of 3 slots held by shard-00000, shard-00001, shard-00002"."""
+        try:
+            names = self._names() if self._names else []
+        except Exception:  # noqa: BLE001 - the plan is only for the words: indexes then
+            names = []
+        who = [names[i] if i < len(names) else f"map index {i}" for i in self.held_by]
+        return (f"{len(self.held_by)} of {self.slots} slot{'s' * (self.slots != 1)} held by "
+                f"{', '.join(who) or 'no earlier shard'}")
+
+
+def airflow_slot_free(dag_id: str, task_id: str, run_id: str, map_index: int,
+                      slots: int, names: Callable[[], list[str]] | None = None) -> SlotCheck:
+    """Return the ``SlotCheck`` of a shard (``names``: the plan's shard names, by map index)."""
+    return SlotCheck(dag_id, task_id, run_id, map_index, slots, names)
 
 
 def max_map_length() -> int:

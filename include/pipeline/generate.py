@@ -14,6 +14,7 @@ from typing import Any
 
 from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
 from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.reporting.airflow_runs import PLAN_TASK
 
 
 def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
@@ -33,13 +34,19 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     with fail_without_retry(XComMismatchError):
         outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
         urls = trusted_urls(servers, settings)
-    slot_free = (airflow_slot_free(dag_id, ti.task_id, run_id, ti.map_index, slots)
+    def plan_names() -> list[str]:  # the slots' holders by name, in the shard's log
+        return [p["shard_id"] for p in ti.xcom_pull(task_ids=PLAN_TASK) or []]
+
+    slot_free = (airflow_slot_free(dag_id, ti.task_id, run_id, ti.map_index, slots, plan_names)
                  if ti and run_id else None)
     # A journal under other completion settings (a run triggered before check_settings
     # looked, or one that raced it) fails for good: a retry would be refused the same way.
+    outputs_store = open_run_store(settings, outputs)
+    # One store for one location: each opening logs its location and its credentials' source.
+    prompts_store = (outputs_store if outputs.rstrip("/") == settings.run_uri.rstrip("/")
+                     else open_run_store(settings))
     with fail_without_retry(JournalSettingsError):
-        return shard.generate_shard(settings, shard_id, urls,
-                                    open_run_store(settings, outputs),
-                                    open_run_store(settings), wait_for, run_id=run_id,
+        return shard.generate_shard(settings, shard_id, urls, outputs_store,
+                                    prompts_store, wait_for, run_id=run_id,
                                     is_live=airflow_run_is_live(dag_id), slot_free=slot_free,
                                     lease_ttl_s=settings.deployment.lease_ttl_s)

@@ -3,18 +3,22 @@
 The page's other half (``include.reporting.monitor``) reads the runs' own files; this module
 makes sense of what Airflow scheduled. The plugin (``plugins/regen_monitor.py``,
 ``query_runs``) reads the DAG's newest runs, the mapped ``shard.generate`` / ``shard.upload``
-/ ``shard.tokenize`` task instances of each and the plan each run's ``prepare_prompts``
-returned, from Airflow's metadata database, and hands them here as plain rows. Everything
-here is pure and unit-tested:
+/ ``shard.tokenize`` task instances of each, the plan each run's ``prepare_prompts``
+returned and, for a run with a failed task, that task's failure from its log, from Airflow,
+and hands them here as plain rows. Everything here is pure and unit-tested.
 
-* ``classify_shard``: a shard is *done* when its three tasks succeeded, else it is in its
-  first unfinished task, *running* (running), *failed* (failed, upstream_failed, or skipped
-  because the run was stopped) or *queued* (scheduled, queued, deferred, waiting for a retry,
-  or not scheduled yet because the task before it is still to finish).
-* ``summarize_run``: one run's state, shards by class with their names (the grid's name, or
-  the plan's shard id for a task that has not started) and the UI's links to the run and to
-  each shard's task log.
-* ``attach``: which section of the page (run folder and outputs location) each run writes to.
+One vocabulary: a run's and a shard's state on the page ARE Airflow's states (the values of
+``DagRunState`` / ``TaskInstanceState``, shown in the words of Airflow's own UI, which the
+plugin reads from the installed UI: ``ui_words``); the files' facts that Airflow does not
+know (a shard's journal, its outputs) are said in the words of ``FILE_WORDS``.
+
+* ``classify_shard``: a shard's state is its first unfinished task's Airflow state (None: not
+  scheduled yet), or ``success`` when its three tasks succeeded.
+* ``summarize_run``: one run's state, its failure (``failure``), its shards by state with
+  their names (the grid's name, or the plan's shard id for a task that has not started) and
+  the UI's links to the run and to each shard's task log.
+* ``attach``: which section of the page (run folder and outputs location) each run writes
+  to; ``page_order``: the sections, the live ones first, then newest first.
 """
 
 from __future__ import annotations
@@ -31,33 +35,73 @@ SHARD_TASKS = ("shard.generate", "shard.upload", "shard.tokenize")
 #: The task whose return value is the run's plan: one ``{"shard_id", "outputs_uri", ...}``
 #: per map index of the shard tasks.
 PLAN_TASK = "prepare_prompts"
-#: Shard classes in the order the page shows them.
-SHARD_CLASSES = ("running", "queued", "failed", "done")
 #: Runs the page shows: the newest ones (older runs are in Airflow's run list).
 RECENT_RUNS = 10
-_FAILED = {"failed", "upstream_failed", "skipped"}
+#: A task instance with no state yet (Airflow's UI: "No Status"), as the page keys it.
+NO_STATUS = "no_status"
+#: Shard states in the order the page lists them: what needs attention first, done last.
+#: Airflow's task-instance state values (``TaskInstanceState``) and ``NO_STATUS``.
+STATE_ORDER = ("failed", "upstream_failed", "up_for_retry", "restarting", "running",
+               "deferred", "up_for_reschedule", "awaiting_input", "queued", "scheduled",
+               NO_STATUS, "skipped", "removed", "success")
+#: Run states that are still going (Airflow's ``DagRunState``): listed first on the page.
+LIVE_RUN_STATES = ("running", "queued")
+#: What the page says of a run's files, beside Airflow's states: a table from the monitor's
+#: own facts (``include.reporting.monitor``: a shard's files, a prompt's journal outcome, a
+#: report's gates, a server's probe) to the words shown. Nothing here names a task or run
+#: state: those are Airflow's.
+FILE_WORDS = {
+    # a shard, by its files
+    "journal_writing": "journal being written",
+    "no_journal": "no journal yet",
+    "generated": "generated, not tokenized",
+    "tokenized": "tokenized",
+    # a prompt's outcome in the journal (include.generation.outcome)
+    "completed": "completed",
+    "truncated": "of them truncated",
+    "skipped": "skipped",
+    "prompt_failed": "failed",
+    # rows after the tokenize task's quality filters and checks
+    "written": "rows written",
+    "quarantined": "quarantined",
+    "dropped": "dropped",
+    # a report's quality gates
+    "gates_passed": "gates passed",
+    "gates_failed": "gates failed",
+    # a server the journals name, as probed
+    "healthy": "healthy",
+    "not_ours": "not probed (not a server of this deployment)",
+    "not_probed": "not probed (no shard generating)",
+    "down": "down",
+}
 
 
-def classify_shard(states: Mapping[str, str | None]) -> tuple[str, str, str | None] | None:
-    """Return ``(class, task id, state)`` of a shard from its tasks' states, or None.
+def ui_words(states: Iterable[str], translations: Mapping[str, str] | None = None
+             ) -> dict[str, str]:
+    """Return the word Airflow's UI shows for each state value (and ``NO_STATUS``).
+
+    ``translations`` is the UI's own table (``states`` of its English ``common.json``); a
+    value it lacks reads as the UI would spell it ("up_for_retry": "Up For Retry").
+    """
+    table = dict(translations or {})
+    return {s: table.get(s) or s.replace("_", " ").title() for s in [*states, NO_STATUS]}
+
+
+def classify_shard(states: Mapping[str, str | None]) -> tuple[str, str] | None:
+    """Return ``(Airflow state, task id)`` of a shard from its tasks' states, or None.
 
     ``states`` maps the ``SHARD_TASKS`` to their task instances' states (a missing task or
-    None: not scheduled yet). The task named is the shard's first unfinished one (the
-    generate task for a done shard: its log holds the shard's results). None for a map index
-    Airflow removed (the plan got shorter when the run was cleared).
+    None: not scheduled yet, ``NO_STATUS``). The task named is the shard's first unfinished
+    one (the generate task for a done shard: its log holds the shard's results). None for a
+    map index Airflow removed (the plan got shorter when the run was cleared).
     """
     if states.get(SHARD_TASKS[0]) == "removed":
         return None
     for task_id in SHARD_TASKS:
         state = states.get(task_id)
-        if state == "success":
-            continue
-        if state in _FAILED:
-            return "failed", task_id, state
-        if state == "running":
-            return "running", task_id, state
-        return "queued", task_id, state
-    return "done", SHARD_TASKS[0], "success"
+        if state != "success":
+            return state or NO_STATUS, task_id
+    return "success", SHARD_TASKS[0]
 
 
 def run_path(dag_id: str, run_id: str) -> str:
@@ -92,12 +136,15 @@ def _location(plan: Any) -> str:
 
 
 def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow], plan: Any,
-                  ui_base: str = "", default_run_name: str = "local") -> dict[str, Any]:
-    """Return one run for the page: state, link, and its shards by class.
+                  ui_base: str = "", default_run_name: str = "local",
+                  failure: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Return one run for the page: state, failure, link, and its shards by Airflow state.
 
     ``run`` holds ``run_id``, ``state``, ``conf`` and ``start_date`` (ISO text or None);
-    ``plan`` is the ``prepare_prompts`` return value (None before it finished). Each class
-    lists ``{"shard_id", "map_index", "task", "state", "url"}`` in map-index order.
+    ``plan`` is the ``prepare_prompts`` return value (None before it finished); ``failure``
+    the run's first failed task (``{"task_id", "map_index", "message", "lines"}``), if any.
+    Each state lists ``{"shard_id", "map_index", "task", "state", "url"}`` in map-index
+    order; ``shard_counts`` counts them, in ``STATE_ORDER``.
     """
     run_id = str(run["run_id"])
     conf = run.get("conf") or {}
@@ -107,24 +154,65 @@ def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow],
         by_index.setdefault(t.map_index, {})[t.task_id] = t.state
         if t.rendered_map_index and t.rendered_map_index != str(t.map_index):
             names.setdefault(t.map_index, t.rendered_map_index)
-    shards: dict[str, list[dict[str, Any]]] = {c: [] for c in SHARD_CLASSES}
+
+    def shard_name(index: int) -> str:
+        name = names.get(index)
+        if name is None and isinstance(plan, list) and 0 <= index < len(plan):
+            name = (plan[index] or {}).get("shard_id")
+        return name or f"#{index}"
+
+    shards: dict[str, list[dict[str, Any]]] = {}
     for index in sorted(by_index):
         found = classify_shard(by_index[index])
         if found is None:
             continue
-        kind, task_id, state = found
-        name = names.get(index)
-        if name is None and isinstance(plan, list) and index < len(plan):
-            name = (plan[index] or {}).get("shard_id")
-        shards[kind].append({
-            "shard_id": name or f"#{index}", "map_index": index, "task": task_id,
+        state, task_id = found
+        shards.setdefault(state, []).append({
+            "shard_id": shard_name(index), "map_index": index, "task": task_id,
             "state": state, "url": ui_base + task_log_path(dag_id, run_id, task_id, index)})
+    order = [s for s in STATE_ORDER if s in shards] + sorted(set(shards) - set(STATE_ORDER))
+    shards = {s: shards[s] for s in order}
+    out_failure = None
+    if failure:
+        index = int(failure.get("map_index", -1))
+        task_id = str(failure["task_id"])
+        out_failure = {
+            "task_id": task_id, "map_index": index,
+            "shard_id": shard_name(index) if index >= 0 else None,
+            "message": failure.get("message") or "", "lines": list(failure.get("lines") or ()),
+            "url": ui_base + (task_log_path(dag_id, run_id, task_id, index) if index >= 0
+                              else f"{run_path(dag_id, run_id)}/tasks/{quote(task_id, safe='')}")}
     return {
         "run_id": run_id, "state": run.get("state"),
         "run_name": conf.get("run_name") or default_run_name, "location": _location(plan),
         "start_date": run.get("start_date"), "url": ui_base + run_path(dag_id, run_id),
-        "shards": shards, "shard_counts": {c: len(v) for c, v in shards.items()},
+        "failure": out_failure, "shards": shards,
+        "shard_counts": {c: len(v) for c, v in shards.items()},
     }
+
+
+def first_failure(events: Iterable[Mapping[str, Any]], max_lines: int = 12
+                  ) -> tuple[str, list[str]]:
+    """Return a failed attempt's reason from its log: the exception, and our error lines.
+
+    ``events`` are the attempt's log events as Airflow serves them (``event``, ``level``,
+    ``logger``, ``error_detail``). The exception is the one the task failed with
+    (``type: message``, its first lines); the lines are the last ``max_lines`` ERROR events
+    this project's code logged before it (``include.*``: e.g. check_settings' refusals).
+    """
+    message, lines = "", []
+    for e in events:
+        detail = e.get("error_detail")
+        if detail and isinstance(detail, list) and isinstance(detail[0], Mapping):
+            exc = detail[0]
+            kind = str(exc.get("exc_type") or "Error")
+            # A deliberate failure (no retry) says what it is; any other shows its type.
+            message = str(exc.get("exc_value") or "") if kind == "AirflowFailException" else (
+                f"{kind}: {exc.get('exc_value', '')}")
+        elif (str(e.get("level", "")).lower() == "error"
+              and str(e.get("logger", "")).startswith("include.") and not message):
+            lines.append(str(e.get("event", "")))
+    return message, lines[-max_lines:]
 
 
 def attach(runs: list[dict[str, Any]], airflow_runs: list[dict[str, Any]]
@@ -148,3 +236,26 @@ def attach(runs: list[dict[str, Any]], airflow_runs: list[dict[str, Any]]
             locations.append({**loc, "airflow_runs": mine})
         out.append({**run, "locations": locations})
     return out, [a for a in airflow_runs if id(a) not in matched]
+
+
+def _started(entry: Mapping[str, Any]) -> str:
+    return str(entry.get("start_date") or "")
+
+
+def page_order(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return the page's sections, those with a live Airflow run first, then newest first.
+
+    A section is a run's outputs location (its ``airflow_runs``, newest first) or an
+    Airflow run with no outputs yet (``{"airflow_runs": [run]}``); one without any Airflow
+    run of the recent ones goes last, by name.
+    """
+    def key(section: dict[str, Any]) -> tuple[int, str]:
+        runs = section.get("airflow_runs") or []
+        live = any(r.get("state") in LIVE_RUN_STATES for r in runs)
+        newest = max((_started(r) for r in runs), default="")
+        return (0 if live else 1 if runs else 2), newest
+
+    ranked = sorted(sections, key=lambda s: str(s.get("run_name", "")))
+    ranked.sort(key=lambda s: key(s)[1], reverse=True)  # stable: newest first
+    ranked.sort(key=lambda s: key(s)[0])
+    return ranked

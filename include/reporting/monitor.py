@@ -2,12 +2,19 @@
 
 A run is a folder ``<output root>/<run_name>/`` holding ``prompts/manifest.json``; its outputs
 live in the run folder itself and in each ``regenerations/<id>/`` under it (forced
-regenerations). Per outputs location: a shard is *done* when its tokenized manifest exists,
-*tokenizing* when only its generated manifest exists (published, waiting for or in tokenize),
-*generating* when it has a journal (its ``started`` marker or segments) and no manifest, and
-*left* otherwise. Row counts come from the generated manifest of a shard that has one and from
-the journal of a shard still generating (the manifest is built from that journal: one source
-per shard).
+regenerations). Per outputs location, by its files (what a task's Airflow state does not
+say; the words shown are ``airflow_runs.FILE_WORDS``): a shard is *tokenized* when its
+tokenized manifest exists, *generated* when only its generated manifest exists, has its
+*journal being written* when it has a journal (its ``started`` marker or segments) and no
+manifest, and *no journal yet* otherwise. Prompt outcomes (completed, of them truncated,
+skipped, failed) come from the generated manifest of a shard that has one and from the
+journal of a shard still generating (the manifest is built from that journal: one source per
+shard); rows written, quarantined and dropped from the tokenized manifests.
+
+Tokens/s: while shards generate, over the journals' last ``RATE_WINDOW_S`` seconds; once none
+does, the location's average over the time its shards generated (the generated manifests'
+``generation``: each shard's output tokens and wall-clock span, overlapping spans counted
+once).
 
 A page open in several browsers must not turn into a listing of the store and a probe of every
 server per request: ``live_runs`` answers from states at most ``ttl_s`` old (one listing per
@@ -35,6 +42,7 @@ from typing import Any
 from cachetools import LRUCache, TTLCache
 
 from include.generation.journal import is_final, merge_lines
+from include.generation.outcome import COMPLETED, FAILED, SKIPPED
 from include.layout import (
     GENERATED_PREFIX,
     JOURNAL_PREFIX,
@@ -46,6 +54,7 @@ from include.layout import (
     SHARD_MANIFEST_SUFFIX,
     TOKENIZED_PREFIX,
 )
+from include.reporting.airflow_runs import FILE_WORDS
 from include.servers.report import own_server_url
 from include.sglang import sync as sglang_sync
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
@@ -54,7 +63,7 @@ from include.storage import LocalStore, S3Store, Store
 #: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
 DAG_ID = "regenerate_drafter_data"
 #: What a server a journal names shows when it is not one of the deployment's (not probed).
-NOT_OURS = "not probed (not a server of this deployment)"
+NOT_OURS = FILE_WORDS["not_ours"]
 #: Seconds of recent completions the tokens/s and ETA are computed over.
 RATE_WINDOW_S = 120.0
 #: What a run's report folder holds (see include/reporting/report.py), by extension, with its
@@ -120,6 +129,8 @@ class _Part:
     #: Ids whose record here is a retryable failure (a later record replaces it).
     retryable: set[str] = field(default_factory=set)
     finished: list[tuple[float, int, str]] = field(default_factory=list)
+    #: Completed ids whose answer hit max_tokens (``finish_reason`` "length").
+    truncated: set[str] = field(default_factory=set)
 
 
 class RunMonitor:
@@ -180,7 +191,9 @@ class RunMonitor:
                 part.status[rec["id"]] = rec.get("status", "")
                 if not is_final(rec):
                     part.retryable.add(rec["id"])
-                if rec.get("status") == "completed":
+                if rec.get("status") == COMPLETED:
+                    if rec.get("finish_reason") == "length":
+                        part.truncated.add(rec["id"])
                     finished_at = float((rec.get("timings") or {}).get("finished_at") or 0)
                     tokens = int((rec.get("usage") or {}).get("completion_tokens") or 0)
                     part.finished.append((finished_at, tokens, rec.get("server", "")))
@@ -263,18 +276,22 @@ class RunMonitor:
                 if k.endswith(".jsonl"):
                     segments.append(k)
         generating = sorted(set(journals) - generated - tokenized)
-        counts = {"completed": 0, "skipped": 0, "failed": 0}
+        counts = {COMPLETED: 0, "truncated": 0, SKIPPED: 0, FAILED: 0}
         finished: list[tuple[float, int]] = []
+        spans: list[tuple[float, float, int]] = []
         servers_seen: dict[str, float] = {}
         progress: dict[str, int] = {}
         for sid in sorted(generated):
-            shard_counts = self._fact(f"{base}{GENERATED_PREFIX}/{sid}{SHARD_MANIFEST_SUFFIX}",
-                                      lambda m: {k: m["counts"][k] for k in counts})
+            shard_counts, span = self._fact(
+                f"{base}{GENERATED_PREFIX}/{sid}{SHARD_MANIFEST_SUFFIX}", _generated_facts)
             for k in counts:
                 counts[k] += shard_counts[k]
+            if span:
+                spans.append(span)
         for sid in generating:
             status: dict[str, str] = {}
             retryable: set[str] = set()
+            truncated: set[str] = set()
             for key in sorted(journals[sid]):
                 part = self._part(base + key)
                 for pid, st in part.status.items():
@@ -283,15 +300,25 @@ class RunMonitor:
                     if pid not in status or pid in retryable:
                         status[pid] = st
                         retryable.discard(pid)
+                        truncated.discard(pid)
                         if pid in part.retryable:
                             retryable.add(pid)
+                        if pid in part.truncated:
+                            truncated.add(pid)
                 for finished_at, tokens, server in part.finished:
                     finished.append((finished_at, tokens))
                     servers_seen[server] = max(servers_seen.get(server, 0.0), finished_at)
             for st in status.values():
                 if st in counts:
                     counts[st] += 1
+            counts["truncated"] += len(truncated)
             progress[sid] = len(status)
+        rows = {"written": 0, "quarantined": 0, "dropped": 0}
+        for sid in sorted(tokenized):
+            facts = self._fact(f"{base}{TOKENIZED_PREFIX}/{sid}{SHARD_MANIFEST_SUFFIX}",
+                               _tokenized_facts)
+            for k in rows:
+                rows[k] += facts[k]
         # A forced regeneration's selection is not in the store: only its started shards count.
         left = None if loc else sorted(s for s in shard_prompts if s not in tokenized
                                        and s not in generated and s not in journals)
@@ -301,6 +328,7 @@ class RunMonitor:
         idle_s = None if rate is None else max(now - rate.as_of, 0.0)
         eta_s = (remaining / rate.prompts_per_s if rate and remaining > 0 and idle_s is not None
                  and idle_s <= RATE_WINDOW_S else None)
+        average = None if generating else generation_average(spans)
         reports = sorted({k.split("/")[1] for k in keys
                           if k.startswith(f"{REPORT_PREFIX}/") and k.endswith(f"/{REPORT_JSON}")})
         report_links = [
@@ -308,14 +336,18 @@ class RunMonitor:
              "passed": self._fact(f"{base}{REPORT_PREFIX}/{rid}/{REPORT_JSON}",
                                   lambda r: r.get("passed"))}
             for rid in reports]
+        tokens_per_s = (rate.tokens_per_s if rate is not None and generating
+                        else average if average is not None else None)
         return {
             "location": loc or ".", "shards_done": len(tokenized),
             "shards_running": len(generating), "shards_left": None if left is None else len(left),
             "generating": [{"shard_id": s, "finished": progress[s],
                             "prompts": shard_prompts.get(s, 0)} for s in generating],
             "tokenizing": sorted(generated - tokenized), "left": left,
-            "rows": counts, "remaining_prompts": max(remaining, 0),
-            "tokens_per_s": 0.0 if rate is None else round(rate.tokens_per_s, 1),
+            "rows": counts, "tokenized_rows": rows, "remaining_prompts": max(remaining, 0),
+            "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
+            # "window": over the last RATE_WINDOW_S s; "average": over the generation time.
+            "rate_basis": "window" if generating else "average",
             "idle_s": None if idle_s is None else round(idle_s),
             "eta_s": None if eta_s is None else round(eta_s),
             "servers": self._servers(servers_seen, now, probe and bool(generating)),
@@ -335,11 +367,51 @@ class RunMonitor:
                     health[url] = self._health[url] = result
         return [{"url": u, "last_completion_s_ago": round(now - seen[u], 1),
                  "health": NOT_OURS if own[u] is None
-                 else health.get(own[u], "not probed (no shard running)")} for u in urls]
+                 else health.get(own[u], FILE_WORDS["not_probed"])} for u in urls]
 
     def _probe(self, url: str) -> str:
         # HTTP only, no redirect followed, never under the /health floor (include.sglang).
         answer = sglang_sync.health(url, self.probe_timeout_s)
         if answer.answered:
-            return "healthy" if answer.status == 200 else f"HTTP {answer.status}"
-        return f"down ({type(answer.error).__name__ if answer.error else answer.failure})"
+            return FILE_WORDS["healthy"] if answer.status == 200 else f"HTTP {answer.status}"
+        return (f"{FILE_WORDS['down']} "
+                f"({type(answer.error).__name__ if answer.error else answer.failure})")
+
+
+def _generated_facts(manifest: dict[str, Any]) -> tuple[dict[str, int], Any]:
+    """Return a generated manifest's prompt outcomes and its generation span, if recorded
+    (``(started_at, finished_at, output tokens)``; manifests before the span have none)."""
+    c = manifest["counts"]
+    counts = {COMPLETED: c[COMPLETED], "truncated": int(manifest.get("truncated") or 0),
+              SKIPPED: c[SKIPPED], FAILED: c[FAILED]}
+    g = manifest.get("generation") or {}
+    span = None
+    if g.get("started_at") and g.get("finished_at"):
+        span = (float(g["started_at"]), float(g["finished_at"]), int(g.get("output_tokens") or 0))
+    return counts, span
+
+
+def _tokenized_facts(manifest: dict[str, Any]) -> dict[str, int]:
+    c = manifest.get("counts") or {}
+    return {"written": int(c.get("written") or 0),
+            "quarantined": sum((c.get("quarantined") or {}).values()),
+            "dropped": sum((c.get("dropped") or {}).values())}
+
+
+def generation_average(spans: list[tuple[float, float, int]]) -> float | None:
+    """Return output tokens per second over the time any shard generated, or None.
+
+    ``spans`` are ``(started_at, finished_at, output tokens)`` per shard: shards that
+    generated side by side share their time (overlaps counted once), and a pause between
+    two runs of the same folder is not counted.
+    """
+    total, busy, end = 0, 0.0, None
+    for start, finish, tokens in sorted(spans):
+        total += tokens
+        if end is None or start > end:
+            busy += max(finish - start, 0.0)
+            end = finish
+        elif finish > end:
+            busy += finish - end
+            end = finish
+    return total / busy if busy > 0 else None

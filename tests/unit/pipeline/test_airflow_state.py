@@ -99,3 +99,19 @@ def test_airflow_slot_free_starts_when_airflow_cannot_be_asked(monkeypatch, capl
     with caplog.at_level(logging.INFO, logger=airflow_state.log.name):
         assert airflow_slot_free("dag", "shard.generate", "run-1", 5, slots=3)() is True
     assert "could not ask Airflow which shards are generating (api-server down)" in caplog.text
+
+
+def test_a_slot_check_says_how_many_slots_there_are_and_which_shards_hold_them(
+        monkeypatch) -> None:
+    # Issue 27: the slot wait said neither how many slots there are nor who holds them.
+    _task_states_answering(monkeypatch, {"run-1": {
+        f"shard.generate_{i}": "running" for i in (0, 2, 4, 6)}})
+    names = [f"shard-{10 + i:05d}" for i in range(4)]  # the plan covers map indexes 0-3
+    check = airflow_slot_free("dag", "shard.generate", "run-1", 5, slots=3,
+                              names=lambda: names)
+    assert check() is False and check.held_by == [0, 2, 4]
+    assert check.holders() == "3 of 3 slots held by shard-00010, shard-00012, map index 4"
+    broken = airflow_slot_free("dag", "shard.generate", "run-1", 5, slots=3,
+                               names=lambda: 1 / 0)
+    broken()
+    assert broken.holders() == "3 of 3 slots held by map index 0, map index 2, map index 4"

@@ -8,13 +8,19 @@ from pathlib import Path
 import pytest
 
 from include.reporting.airflow_runs import (
+    LIVE_RUN_STATES,
+    NO_STATUS,
     SHARD_TASKS,
+    STATE_ORDER,
     TaskRow,
     attach,
     classify_shard,
+    first_failure,
+    page_order,
     run_path,
     summarize_run,
     task_log_path,
+    ui_words,
 )
 
 DAG = "regenerate_drafter_data"
@@ -25,25 +31,24 @@ GEN, UP, TOK = SHARD_TASKS
 @pytest.mark.parametrize(
     ("states", "expected"),
     [
-        ({GEN: "success", UP: "success", TOK: "success"}, ("done", GEN, "success")),
-        ({GEN: "running", UP: None, TOK: None}, ("running", GEN, "running")),
-        ({GEN: "success", UP: "success", TOK: "running"}, ("running", TOK, "running")),
-        ({GEN: "queued"}, ("queued", GEN, "queued")),
-        ({GEN: "scheduled"}, ("queued", GEN, "scheduled")),
-        ({GEN: "deferred"}, ("queued", GEN, "deferred")),
-        ({GEN: "up_for_retry"}, ("queued", GEN, "up_for_retry")),
-        ({}, ("queued", GEN, None)),  # expanded, not scheduled yet
-        # Generated, waiting for upload to be scheduled: still queued, not running.
-        ({GEN: "success", UP: None, TOK: None}, ("queued", UP, None)),
-        ({GEN: "failed", UP: "upstream_failed", TOK: "upstream_failed"},
-         ("failed", GEN, "failed")),
-        ({GEN: "success", UP: "upstream_failed"}, ("failed", UP, "upstream_failed")),
-        # A run marked failed by hand skips what had not started.
-        ({GEN: "success", UP: "skipped", TOK: "skipped"}, ("failed", UP, "skipped")),
+        ({GEN: "success", UP: "success", TOK: "success"}, ("success", GEN)),
+        ({GEN: "running", UP: None, TOK: None}, ("running", GEN)),
+        ({GEN: "success", UP: "success", TOK: "running"}, ("running", TOK)),
+        # Airflow's own state, whatever it is: never one of ours in its place.
+        ({GEN: "queued"}, ("queued", GEN)),
+        ({GEN: "scheduled"}, ("scheduled", GEN)),
+        ({GEN: "deferred"}, ("deferred", GEN)),
+        ({GEN: "up_for_retry"}, ("up_for_retry", GEN)),
+        ({}, (NO_STATUS, GEN)),  # expanded, not scheduled yet
+        # Generated, the upload not scheduled yet: its state, not the generate task's.
+        ({GEN: "success", UP: None, TOK: None}, (NO_STATUS, UP)),
+        ({GEN: "failed", UP: "upstream_failed", TOK: "upstream_failed"}, ("failed", GEN)),
+        ({GEN: "success", UP: "upstream_failed"}, ("upstream_failed", UP)),
+        ({GEN: "success", UP: "skipped", TOK: "skipped"}, ("skipped", UP)),
         ({GEN: "removed", UP: "removed", TOK: "removed"}, None),
     ],
 )
-def test_a_shard_is_classed_by_its_first_unfinished_task(states, expected) -> None:
+def test_a_shard_is_in_its_first_unfinished_tasks_airflow_state(states, expected) -> None:
     assert classify_shard(states) == expected
 
 
@@ -73,7 +78,7 @@ def _rows(spec: dict[int, dict[str, str | None]], named: set[int]) -> list[TaskR
             for i, states in spec.items() for task, state in states.items()]
 
 
-def test_a_run_lists_its_shards_by_class_with_names_and_log_links() -> None:
+def test_a_run_lists_its_shards_by_airflow_state_with_names_and_log_links() -> None:
     spec = {0: {GEN: "success", UP: "success", TOK: "success"},
             1: {GEN: "running", UP: None, TOK: None},
             2: {GEN: "failed", UP: "upstream_failed", TOK: "upstream_failed"},
@@ -84,26 +89,35 @@ def test_a_run_lists_its_shards_by_class_with_names_and_log_links() -> None:
              "wait_for": None} for i in range(5)]
     run = {"run_id": RUN, "state": "running", "conf": {"run_name": "exp1"},
            "start_date": "2026-05-01T10:00:01+00:00"}
-    out = summarize_run(DAG, run, _rows(spec, named={0, 1, 2}), plan, ui_base="/airflow")
+    failure = {"task_id": GEN, "map_index": 2, "message": "GenerationError: all servers down",
+               "lines": []}
+    out = summarize_run(DAG, run, _rows(spec, named={0, 1, 2}), plan, ui_base="/airflow",
+                        failure=failure)
     assert (out["run_name"], out["location"], out["state"]) == ("exp1", ".", "running")
     assert out["url"] == "/airflow" + run_path(DAG, RUN)
-    assert out["shard_counts"] == {"running": 1, "queued": 2, "failed": 1, "done": 1}
+    # Counted by Airflow's states, what needs attention first, done last.
+    assert out["shard_counts"] == {"failed": 1, "running": 1, "queued": 1, NO_STATUS: 1,
+                                   "success": 1}
+    assert list(out["shards"]) == list(out["shard_counts"])
     # The grid's name when the task started; the plan's shard for one not started; the map
     # index when neither is known (the plan lists fewer shards than were mapped).
-    assert [s["shard_id"] for s in out["shards"]["queued"]] == ["shard-00013", "#5"]
+    assert [s["shard_id"] for s in out["shards"][NO_STATUS]] == ["shard-00013"]
+    assert [s["shard_id"] for s in out["shards"]["queued"]] == ["#5"]
     running = out["shards"]["running"][0]
     assert running == {"shard_id": "shard-00001", "map_index": 1, "task": GEN,
                        "state": "running",
                        "url": "/airflow" + task_log_path(DAG, RUN, GEN, 1)}
     assert out["shards"]["failed"][0]["shard_id"] == "shard-00002"
-    assert out["shards"]["done"][0]["url"].endswith("/tasks/shard.generate/mapped/0")
+    assert out["shards"]["success"][0]["url"].endswith("/tasks/shard.generate/mapped/0")
+    assert out["failure"] == {**failure, "shard_id": "shard-00002",
+                              "url": "/airflow" + task_log_path(DAG, RUN, GEN, 2)}
 
 
 def test_a_run_before_its_plan_uses_the_default_run_name_and_the_run_folder() -> None:
     run = {"run_id": "r1", "state": "queued", "conf": {}, "start_date": None}
     out = summarize_run(DAG, run, [], None, default_run_name="local")
     assert (out["run_name"], out["location"]) == ("local", ".")
-    assert out["shard_counts"] == {"running": 0, "queued": 0, "failed": 0, "done": 0}
+    assert out["shard_counts"] == {} and out["failure"] is None
     # An emptied form field (None) means the default as well.
     none = summarize_run(DAG, {**run, "conf": {"run_name": None}}, [], None)
     assert none["run_name"] == "local"
@@ -127,3 +141,52 @@ def test_runs_attach_to_their_run_folder_and_outputs_location() -> None:
         ["manual_1"], ["manual_2"]]
     assert [a["run_id"] for a in others] == ["manual_3"]
     assert "airflow_runs" not in page[0]["locations"][0]  # the cached states stay as they were
+
+
+def test_a_failed_attempts_reason_is_its_exception_and_our_error_lines_before_it() -> None:
+    events = [
+        {"event": "DAG bundles loaded", "level": "info", "logger": "airflow.dag_processing"},
+        {"event": "1 setting refused:", "level": "error", "logger": "include.pipeline.check"},
+        {"event": "1. setting `model_path`: got 'x'", "level": "error",
+         "logger": "include.pipeline.check"},
+        {"event": "Something else failed", "level": "error", "logger": "airflow.task"},
+        {"event": "Task failed with exception", "level": "error", "logger": "task",
+         "error_detail": [{"exc_type": "AirflowFailException", "exc_value": "1 setting refused",
+                           "frames": [{"name": "run"}] * 13}]},
+        {"event": "later", "level": "error", "logger": "include.pipeline.check"},
+    ]
+    assert first_failure(events) == ("1 setting refused", [
+        "1 setting refused:", "1. setting `model_path`: got 'x'"])
+    crash = [{"event": "Task failed with exception", "level": "error", "error_detail": [
+        {"exc_type": "GenerationError", "exc_value": "every server is ejected"}]}]
+    assert first_failure(crash) == ("GenerationError: every server is ejected", [])
+    assert first_failure([]) == ("", [])
+
+
+def _section(name: str, state: str | None, start: str | None) -> dict:
+    runs = [] if state is None else [{"state": state, "start_date": start}]
+    return {"run_name": name, "airflow_runs": runs}
+
+
+def test_sections_list_live_runs_first_then_newest_first() -> None:
+    # Issue 27: runs were sorted by name, so the live run sat below finished ones.
+    sections = [_section("a_old", "success", "2026-05-01T09:00:00+00:00"),
+                _section("b_none", None, None),
+                _section("c_live", "running", "2026-05-01T08:00:00+00:00"),
+                _section("d_new", "failed", "2026-05-01T10:00:00+00:00"),
+                _section("e_queued", "queued", None)]
+    assert [s["run_name"] for s in page_order(sections)] == [
+        "c_live", "e_queued", "d_new", "a_old", "b_none"]
+
+
+def test_the_words_are_airflow_uis_for_every_airflow_state() -> None:
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    values = [*(s.value for s in TaskInstanceState), *(s.value for s in DagRunState)]
+    words = ui_words(values, {"up_for_retry": "Up For Retry", "no_status": "No Status"})
+    assert set(words) == {*values, NO_STATUS}
+    assert words["up_for_retry"] == "Up For Retry" and words[NO_STATUS] == "No Status"
+    assert words["running"] == "Running"  # spelled as the UI does when its table lacks it
+    # The page lists shards by Airflow's task states only (and no status).
+    assert set(STATE_ORDER) <= {s.value for s in TaskInstanceState} | {NO_STATUS}
+    assert set(LIVE_RUN_STATES) <= {s.value for s in DagRunState}

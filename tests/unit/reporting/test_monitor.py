@@ -14,6 +14,7 @@ from include.reporting.monitor import (
     NOT_OURS,
     RATE_WINDOW_S,
     RunMonitor,
+    generation_average,
     is_report_file,
     journal_rate,
 )
@@ -43,13 +44,14 @@ def test_done_running_and_left_shards_with_rows_rate_and_eta(tmp_path) -> None:
     state = monitor.run_state("syn", now=T0 + 60, probe=False)
     loc = state["locations"][0]
     assert (loc["shards_done"], loc["shards_running"], loc["shards_left"]) == (1, 1, 1)
-    assert loc["rows"] == {"completed": 14, "skipped": 1, "failed": 1}
+    assert loc["rows"] == {"completed": 14, "truncated": 0, "skipped": 1, "failed": 1}
     assert loc["generating"] == [{"shard_id": "shard-00001", "finished": 6, "prompts": 6}]
     assert (loc["tokenizing"], loc["left"]) == ([], ["shard-00002"])
     # Shard 1 holds 6 prompts and all 6 are finished; shard 2's 10 are left.
     assert loc["remaining_prompts"] == 10
     # Completions 1 s apart (T0+1..T0+6): 5 intervals carry the last five answers' tokens.
     assert loc["tokens_per_s"] == sum(101 + i for i in range(5)) / 5
+    assert loc["rate_basis"] == "window"
     assert (loc["idle_s"], loc["eta_s"]) == (54, 10)
     assert {s["url"] for s in loc["servers"]} == {"http://s0:1", "http://s1:1"}
 
@@ -140,7 +142,53 @@ def test_a_retried_failure_counts_once_as_its_later_outcome(tmp_path) -> None:
                              {"id": "b", "status": "completed"}])
     loc = RunMonitor(LocalStore(tmp_path)).run_state("syn", now=T0 + 2,
                                                      probe=False)["locations"][0]
-    assert loc["rows"] == {"completed": 1, "skipped": 1, "failed": 0}
+    assert loc["rows"] == {"completed": 1, "truncated": 0, "skipped": 1, "failed": 0}
+
+
+def test_truncated_and_set_aside_rows_are_counted_apart_from_completed(tmp_path) -> None:
+    # Issue 27: a run that failed its truncation gate showed its truncated, dropped rows as
+    # "completed" and nothing else.
+    run = LocalStore(tmp_path / "syn")
+    shards = {"shard-00000": ShardSpec(completed=10, truncated=4, quarantined=3),
+              "shard-00001": ShardSpec(completed=5, truncated=2, journal_only=True)}
+    write_prompts_manifest(run, shards)
+    for sid, spec in shards.items():
+        write_shard(run, sid, spec)
+    loc = RunMonitor(LocalStore(tmp_path)).run_state("syn", now=T0, probe=False)["locations"][0]
+    assert loc["rows"] == {"completed": 15, "truncated": 6, "skipped": 0, "failed": 0}
+    assert loc["tokenized_rows"] == {"written": 7, "quarantined": 3, "dropped": 0}
+
+
+def test_a_finished_location_shows_its_average_over_the_time_it_generated(tmp_path,
+                                                                          monkeypatch) -> None:
+    # Issue 27: tokens/s fell to 0.0 when the last shard finished and stayed 0.0.
+    from tests.unit.reporting import synthetic_run
+
+    spans = iter([(T0, T0 + 10, 1000), (T0 + 5, T0 + 20, 2000), (T0 + 100, T0 + 110, 500)])
+    build = synthetic_run.build_shard_output
+
+    def with_generation(*args, **kwargs):
+        data, manifest = build(*args, **kwargs)
+        start, end, tokens = next(spans)
+        manifest["generation"] = {"started_at": start, "finished_at": end,
+                                  "output_tokens": tokens}
+        return data, manifest
+
+    monkeypatch.setattr(synthetic_run, "build_shard_output", with_generation)
+    run = LocalStore(tmp_path / "syn")
+    write_run(run, {f"shard-0000{i}": ShardSpec(completed=2) for i in range(3)})
+    loc = RunMonitor(LocalStore(tmp_path)).run_state("syn", now=T0 + 500,
+                                                     probe=False)["locations"][0]
+    # 3,500 tokens over 20 s (two overlapping shards) + 10 s (a later one); the gap between
+    # is no generation time.
+    assert (loc["tokens_per_s"], loc["rate_basis"]) == (round(3500 / 30, 1), "average")
+
+
+def test_the_generation_average_counts_overlapping_spans_once() -> None:
+    assert generation_average([]) is None
+    assert generation_average([(0.0, 10.0, 100), (2.0, 4.0, 100)]) == 20.0
+    assert generation_average([(0.0, 10.0, 100), (20.0, 30.0, 100)]) == 10.0
+    assert generation_average([(5.0, 5.0, 100)]) is None
 
 
 # --- which keys the page serves ---------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""The monitor page's HTML (``include/reporting/monitor_page.py``): Airflow's words for every
+state, a run's state and failure first, live runs first (issue 27)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from include.reporting.airflow_runs import (
+    FILE_WORDS,
+    NO_STATUS,
+    SHARD_TASKS,
+    STATE_ORDER,
+    TaskRow,
+    attach,
+    summarize_run,
+    ui_words,
+)
+from include.reporting.monitor import RunMonitor
+from include.reporting.monitor_page import render_page, sections
+from include.storage import LocalStore
+from tests.unit.reporting.synthetic_run import T0, ShardSpec, write_prompts_manifest, write_shard
+
+DAG = "regenerate_drafter_data"
+GEN = SHARD_TASKS[0]
+
+
+def _airflow_words() -> dict[str, str]:
+    """The words Airflow's installed UI shows for each state, as the plugin reads them."""
+    import airflow
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    table = (Path(airflow.__file__).parent / "ui" / "dist" / "i18n" / "locales" / "en"
+             / "common.json")
+    states = json.loads(table.read_text())["states"]
+    return ui_words([*(s.value for s in TaskInstanceState), *(s.value for s in DagRunState)],
+                    states)
+
+
+def _state(tmp_path) -> dict:
+    """A page state: a live run mid-way, a run that failed its quality gates, one that failed
+    in check_settings, every shard state Airflow has."""
+    out = LocalStore(tmp_path)
+    live = LocalStore(tmp_path / "live")
+    shards = {f"shard-0000{i}": ShardSpec(completed=4) for i in range(3)}
+    write_prompts_manifest(live, shards)
+    write_shard(live, "shard-00000", shards["shard-00000"])
+    write_shard(live, "shard-00001", ShardSpec(completed=2, journal_only=True))
+    gated = LocalStore(tmp_path / "gated")
+    write_prompts_manifest(gated, {"shard-00000": ShardSpec(completed=4, truncated=3)})
+    write_shard(gated, "shard-00000", ShardSpec(completed=4, truncated=3))
+    files = RunMonitor(out).runs(now=T0 + 5, probe=False)
+    states = [s for s in STATE_ORDER]
+    tasks = [TaskRow(GEN, i, None if s == NO_STATUS else s, f"shard-{i:05d}")
+             for i, s in enumerate(states)]
+    runs = [
+        summarize_run(DAG, {"run_id": "gate_run", "state": "failed", "conf": {
+            "run_name": "gated"}, "start_date": "2026-05-01T10:00:00+00:00"},
+            [TaskRow(t, 0, "success", "shard-00000") for t in SHARD_TASKS], [], failure={
+                "task_id": "report", "map_index": -1, "lines": [],
+                "message": "run gated failed 1 quality gate(s): truncation rate 0.75 > 0.05"}),
+        summarize_run(DAG, {"run_id": "live_run", "state": "running", "conf": {
+            "run_name": "live"}, "start_date": "2026-05-01T09:00:00+00:00"}, tasks, []),
+        summarize_run(DAG, {"run_id": "doomed_run", "state": "failed", "conf": {
+            "run_name": "doomed"}, "start_date": "2026-05-01T11:00:00+00:00"}, [], None,
+            failure={"task_id": "check_settings", "map_index": -1,
+                     "message": "1 setting refused: model_path",
+                     "lines": ["1 setting refused:", "1. setting `model_path`: got 'x'"]}),
+    ]
+    page, others = attach(files, runs)
+    return {"output_root": str(tmp_path), "runs": page, "other_airflow_runs": others,
+            "airflow_error": None}
+
+
+def test_every_state_word_on_the_page_is_airflows(tmp_path) -> None:
+    words = _airflow_words()
+    html = render_page(_state(tmp_path), words)
+    # A badge, a shard chip and a shard group name their state: each says Airflow's word.
+    badges = re.findall(r"class='badge st-([a-z_]+)'[^>]*>([^<]+)<", html)
+    chips = re.findall(r"class='chip st-([a-z_]+)'.*?<span class='muted'>\w+ ([^<]+)</span>",
+                       html)
+    groups = re.findall(r"data-part='af-([a-z_]+)'>(?:<summary class='muted'>|<span "
+                        r"class='muted'>)([^<(]+) \(", html)
+    # Every state a shard can be in is listed (a removed map index is no shard).
+    assert badges and chips and {g for g, _ in groups} == set(STATE_ORDER) - {"removed"}
+    for state, word in [*badges, *chips, *groups]:
+        assert word == words[state], (state, word)
+    assert {w for _, w in badges} == {"Failed", "Running"}
+    assert "No Status" in {w for _, w in groups} and "Up For Retry" in {w for _, w in groups}
+    # None of the monitor's old state words is left.
+    for old in (">generating<", ">complete<", ">waiting<", ">idle<", "Left (", "queued ("):
+        assert old not in html
+
+
+def test_a_runs_state_and_failure_are_the_first_things_its_section_shows(tmp_path) -> None:
+    words = _airflow_words()
+    html = render_page(_state(tmp_path), words)
+    doomed = html[html.index("data-run='doomed'"):]
+    doomed = doomed[:doomed.index("</section>")]
+    header_end = doomed.index("</header>")
+    assert ">Failed<" in doomed[:header_end]
+    # Right under the header: the failed task and why, with its own error lines.
+    assert doomed[header_end:].startswith("</header><div class='failure' data-key='failure'>")
+    assert "check_settings</b>: 1 setting refused: model_path" in doomed
+    assert "1. setting `model_path`: got &#x27;x&#x27;" in doomed
+    assert "no shard tasks yet" not in html
+    gated = html[html.index("data-run='gated'"):]
+    gated = gated[:gated.index("</section>")]
+    assert ">Failed<" in gated and "truncation rate 0.75" in gated
+    # Its truncated rows are counted as such, beside completed.
+    assert "data-key='truncated'><span class='v'>3<" in gated
+
+
+def test_live_runs_come_first_then_the_newest(tmp_path) -> None:
+    state = _state(tmp_path)
+    assert [s["run_name"] for s in sections(state)] == ["live", "doomed", "gated"]
+    html = render_page(state, _airflow_words())
+    order = [m for m in re.findall(r"<section class='run' data-run='(\w+)'", html)]
+    assert order == ["live", "doomed", "gated"]
+
+
+def test_a_running_generate_task_says_what_its_files_show(tmp_path) -> None:
+    html = render_page(_state(tmp_path), _airflow_words())
+    live = html[html.index("data-run='live'"):]
+    chips = dict(re.findall(r"data-shard='(shard-\d+)' href=[^>]*>(.*?)</a>", live))
+    assert "generate Running" in chips["shard-00004"]  # map index 4 is STATE_ORDER's running
+    assert FILE_WORDS["no_journal"] in chips["shard-00004"]
