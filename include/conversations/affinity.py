@@ -10,8 +10,7 @@ server. Each move carries its reason, for the counters.
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 IN_ROTATION = "in rotation"
@@ -79,10 +78,3 @@ def choose_server(
     else:
         reason = EJECTED if home.state == EJECTED else RESTING
     return Choice(best.url, True, reason, best.free > 0)
-
-
-def count_moves(choices: Iterable[Choice]) -> collections.Counter[str]:
-    """Return how many turns moved for each reason (every reason present)."""
-    counts = collections.Counter(dict.fromkeys(MOVE_REASONS, 0))
-    counts.update(c.reason for c in choices if c.moved)
-    return counts

@@ -2,8 +2,9 @@
 
 Each finished turn is journaled as it finishes (``turn_record``): the turn's result as the
 server returned it, its dataset slice, and the digests that chain it to the turn before.
-A conversation that ends without a new turn (``failed`` after the retries,
-``context_exhausted``) gets an ``end_record``. The dataset conversation itself is not
+A conversation's end is in its final record (``records.conversation_record``, written by
+the engine when it ends), which a retry reads as any finished prompt. The dataset
+conversation itself is not
 repeated: it is in the prompt shard, and ``resume`` replays the records over ``chain.start``
 states built from it, so a resumed state is exactly the state the records were written from
 (a record that does not follow from its conversation is an error, not a guess).
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from include.conversations.chain import (
@@ -26,11 +26,9 @@ from include.conversations.chain import (
     ChainState,
     TurnResult,
     after_turn,
-    end_conversation,
 )
 
 TURN_KIND = "conversation_turn"
-END_KIND = "conversation_end"
 
 
 class ResumeError(ValueError):
@@ -58,29 +56,6 @@ def turn_record(state: ChainState) -> dict[str, Any]:
     }
 
 
-def end_record(state: ChainState, *, retryable: bool = False) -> dict[str, Any]:
-    """Return the journal record of a conversation ended without a new turn.
-
-    ``retryable``: the end is for this run only (the turn failed for a reason another try
-    can fix): a later ``resume`` ignores it and the conversation continues at that turn.
-    """
-    if state.end is None:
-        raise ValueError(f"{state.conversation_id}: has not ended")
-    parent = state.turns[-1].digest if state.turns else ROOT_DIGEST
-    return {
-        "id": f"{state.conversation_id}#end@{parent}{'~retryable' if retryable else ''}",
-        "kind": END_KIND, "status": "ended", "conversation_id": state.conversation_id,
-        "after_turns": len(state.turns), "parent": parent, "reason": state.end.reason,
-        "detail": state.end.detail, "retryable": retryable,
-    }
-
-
-@dataclass
-class _Records:
-    turns: list[dict[str, Any]]
-    ends: list[dict[str, Any]]
-
-
 def resume(
     records: Iterable[Mapping[str, Any]], starts: Mapping[str, ChainState]
 ) -> dict[str, ChainState]:
@@ -91,25 +66,23 @@ def resume(
     skipped. Raises ResumeError on a gap or a record that does not follow from the
     conversation.
     """
-    grouped: dict[str, _Records] = {}
+    grouped: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        kind = record.get("kind")
         cid = record.get("conversation_id")
-        if kind not in (TURN_KIND, END_KIND) or cid not in starts:
+        if record.get("kind") != TURN_KIND or cid not in starts:
             continue
-        entry = grouped.setdefault(str(cid), _Records([], []))
-        (entry.turns if kind == TURN_KIND else entry.ends).append(dict(record))
+        grouped.setdefault(str(cid), []).append(dict(record))
     out = dict(starts)
-    for cid, entry in grouped.items():
-        out[cid] = _replay(starts[cid], entry)
+    for cid, turns in grouped.items():
+        out[cid] = _replay(starts[cid], turns)
     return out
 
 
-def _replay(state: ChainState, entry: _Records) -> ChainState:
+def _replay(state: ChainState, turns: list[dict[str, Any]]) -> ChainState:
     cid = state.conversation_id
-    known = {ROOT_DIGEST: -1} | {r["digest"]: r["turn"] for r in entry.turns}
+    known = {ROOT_DIGEST: -1} | {r["digest"]: r["turn"] for r in turns}
     children: dict[str, list[dict[str, Any]]] = {}
-    for r in entry.turns:
+    for r in turns:
         if r["parent"] not in known or known[r["parent"]] != r["turn"] - 1:
             raise ResumeError(f"{cid}: turn {r['turn']} is journaled, but not the turn before "
                               "it: the journal has a gap")
@@ -136,17 +109,11 @@ def _replay(state: ChainState, entry: _Records) -> ChainState:
             raise ResumeError(f"{cid}: journaled turn {best['turn']} does not follow from the "
                               "conversation in the prompt shard (another dataset row?)")
         parent = best["digest"]
-    if state.end is not None:
-        if children.get(parent):
-            # E.g. a journal written before agent actions were read in every fence form:
-            # its later turns follow an observation of a command the target never ran.
-            raise ResumeError(f"{cid}: turns journaled after the conversation ended "
-                              f"({state.end.reason}: {state.end.detail}); a journal written "
-                              "by a release that paired calls otherwise cannot be continued: "
-                              "generate the shard again with force_regenerate")
-        return state
-    ends = sorted((e for e in entry.ends if e["parent"] == parent and not e.get("retryable")),
-                  key=lambda e: json.dumps(e, sort_keys=True))
-    if ends:
-        state = end_conversation(state, ends[0]["reason"], ends[0].get("detail", ""))
+    if state.end is not None and children.get(parent):
+        # E.g. a journal written before agent actions were read in every fence form:
+        # its later turns follow an observation of a command the target never ran.
+        raise ResumeError(f"{cid}: turns journaled after the conversation ended "
+                          f"({state.end.reason}: {state.end.detail}); a journal written "
+                          "by a release that paired calls otherwise cannot be continued: "
+                          "generate the shard again with force_regenerate")
     return state

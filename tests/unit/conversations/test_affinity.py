@@ -11,7 +11,6 @@ from include.conversations.affinity import (
     Choice,
     ServerView,
     choose_server,
-    count_moves,
 )
 
 
@@ -71,9 +70,3 @@ def test_a_zero_window_counts_as_full() -> None:
 def test_a_negative_margin_is_refused() -> None:
     with pytest.raises(ValueError, match="busier_by"):
         choose_server("a", [view("a")], busier_by=-0.1)
-
-
-def test_moves_are_counted_by_reason() -> None:
-    servers = [view("a", 8), view("b", 0), view("r", state=RESTING)]
-    choices = [choose_server(p, servers) for p in (None, "a", "a", "b", "r", "gone-url")]
-    assert count_moves(choices) == {"busier": 2, "resting": 1, "ejected": 0, "gone": 1}

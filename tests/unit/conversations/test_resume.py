@@ -8,7 +8,7 @@ import pytest
 
 from include.conversations import chain
 from include.conversations.chain import after_turn, next_request, start
-from include.conversations.resume import ResumeError, end_record, resume, turn_record
+from include.conversations.resume import ResumeError, resume, turn_record
 from tests.unit.conversations.dialogues import IntServer, chat, hermes_parallel
 
 
@@ -115,23 +115,6 @@ def test_a_journal_that_paired_a_command_the_dataset_never_ran_is_not_continued(
         resume([*records, later], starts(fresh))
 
 
-def test_a_final_end_record_ends_it_and_a_retryable_one_lets_it_go_on() -> None:
-    fresh = start("a", chat(3))
-    state, records = journaled(fresh, ["x"])
-    failed = chain.end_conversation(state, chain.FAILED, "http_4xx")
-    final = end_record(failed)
-    assert resume([*records, final], starts(fresh))["a"] == failed
-    retryable = end_record(failed, retryable=True)
-    assert retryable["id"] != final["id"]
-    assert resume([*records, retryable], starts(fresh))["a"] == state
-
-
-def test_an_end_with_no_turns_resumes_with_no_turns() -> None:
-    fresh = start("a", chat(3))
-    ended = chain.end_conversation(fresh, chain.CONTEXT_EXHAUSTED, "too long")
-    assert resume([end_record(ended)], starts(fresh))["a"] == ended
-
-
 def test_other_records_and_conversations_are_left_alone() -> None:
     fresh = start("a", chat(2))
     _, records = journaled(start("z", chat(2)), ["x"])
@@ -139,8 +122,6 @@ def test_other_records_and_conversations_are_left_alone() -> None:
     assert resume([*records, prompt_record], starts(fresh)) == {"a": fresh}
 
 
-def test_records_need_a_turn_and_an_end() -> None:
+def test_a_turn_record_needs_a_turn() -> None:
     with pytest.raises(ValueError, match="no turn"):
         turn_record(start("a", chat(1)))
-    with pytest.raises(ValueError, match="not ended"):
-        end_record(start("a", chat(1)))
