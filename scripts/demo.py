@@ -67,6 +67,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-name", default=time.strftime("demo-%Y%m%d-%H%M%S").lower())
     parser.add_argument("--gpus", type=int, default=8, help="stand-in servers to launch")
+    parser.add_argument("--port-base", type=int, default=30000,
+                        help="the first stand-in's port (the others follow it)")
     parser.add_argument("--ssh-conn-id", default=None,
                         help="launch the stand-ins through this Airflow SSH connection")
     args = parser.parse_args()
@@ -103,7 +105,7 @@ def main() -> int:
         "data_roots": [str(ROOT / "include" / "sample_data"), str(tokenizer)],
         "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": args.ssh_conn_id,
                        "gpus": list(range(args.gpus))}],
-        "port_base": 30000,
+        "port_base": args.port_base,
         "server_launch_command": shell_launch_command(),
         "server_log_dir": str(work / "server-logs"),
         "extra_server_args": ["--enable-metrics", "--enable-cache-report",
