@@ -147,24 +147,22 @@ async def send_chat(
 
 def _parse_completion(result: ChatResult, body: bytes) -> None:
     try:
-        data = json.loads(body)
-        choice = data["choices"][0]
-        message = choice["message"]
-        text = message.get("content")
-        reasoning = message.get("reasoning_content")
-        result.finish_reason = choice.get("finish_reason")
-        result.matched_stop = choice.get("matched_stop")
-        result.usage = dict(data.get("usage") or {})
-        result.model = data.get("model")
-        metadata = data.get("metadata")
-        if isinstance(metadata, dict) and metadata.get("weight_version") is not None:
-            result.weight_version = str(metadata["weight_version"])
-        result.prompt_token_ids = _ids(choice.get("prompt_token_ids"))
-        result.response_token_ids = _ids(choice.get("response_token_ids"))
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        data = contract.chat_completion(body)
+        choice = data.choices[0]
+    except (ValueError, IndexError) as exc:  # msgspec's errors are ValueErrors
         result.error_kind = BAD_RESPONSE
-        result.error = f"unexpected 200 body ({type(exc).__name__}): {body[:300]!r}"
+        result.error = f"unexpected 200 body ({type(exc).__name__}: {exc}): {body[:300]!r}"
         return
+    text, reasoning = choice.message.content, choice.message.reasoning_content
+    result.finish_reason = choice.finish_reason
+    result.matched_stop = choice.matched_stop
+    result.usage = data.usage or {}
+    result.model = data.model
+    metadata = data.metadata
+    if isinstance(metadata, dict) and metadata.get("weight_version") is not None:
+        result.weight_version = str(metadata["weight_version"])
+    result.prompt_token_ids = choice.prompt_token_ids
+    result.response_token_ids = choice.response_token_ids
     if reasoning:
         # A server that split the text anyway (``separate_reasoning`` ignored): the parts
         # cannot be joined back exactly, whatever the release's whitespace rules.
@@ -178,16 +176,6 @@ def _parse_completion(result: ChatResult, body: bytes) -> None:
         result.error_kind, result.error = HTTP_5XX, "server aborted the request"
         return
     result.ok = True
-
-
-def _ids(value: Any) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in value
-    ):
-        raise TypeError(f"token ids must be a list of integers, got {str(value)[:80]}")
-    return value
 
 
 def _classify_error(result: ChatResult, status: int, text: str) -> None:

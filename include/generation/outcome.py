@@ -21,7 +21,10 @@ class ShardOutcome:
     shard_id: str
     total: int
     resumed: int
-    records: dict[str, dict[str, Any]]
+    #: Out of the repr: Python 3.11's asyncio.run reprs the run's result as it ends (its
+    #: SIGINT check formats the handler, which holds the task), and with every record, text
+    #: and token ids in it that was ~6% of a shard's client CPU (bench_client_overhead).
+    records: dict[str, dict[str, Any]] = field(repr=False)
     counts: dict[str, int]
     truncated: int
     elapsed_s: float

@@ -21,7 +21,10 @@ from include.sglang.contract import (
     SERVER_INFO,
     TIMEOUT,
     Answer,
+    json_body,
 )
+
+_JSON_TYPE = {"Content-Type": "application/json"}
 
 
 def _failed(exc: BaseException) -> Answer:
@@ -87,8 +90,11 @@ async def chat(
     timeout: aiohttp.ClientTimeout | None = None,
 ) -> Answer:
     """POST one non-streaming ``/v1/chat/completions`` with JSON ``body``."""
+    # Encoded here (msgspec) rather than by aiohttp (json.dumps): a tenth of the CPU.
+    headers = {**headers, **_JSON_TYPE} if headers else _JSON_TYPE
     try:
-        async with session.post(url + CHAT, json=body, headers=headers, timeout=timeout) as resp:
+        async with session.post(url + CHAT, data=json_body(body), headers=headers,
+                                timeout=timeout) as resp:
             return Answer(resp.status, await resp.read())
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return _failed(exc)

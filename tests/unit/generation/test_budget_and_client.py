@@ -104,6 +104,27 @@ def test_an_answer_split_by_the_server_or_with_bad_ids_is_refused() -> None:
     assert not bad.ok and bad.error_kind == BAD_RESPONSE
 
 
+@pytest.mark.parametrize("choice", [
+    {"message": {"content": "C"}, "response_token_ids": [5, True]},  # JSON true: not an id
+    {"message": {"content": "C"}, "prompt_token_ids": [1, 2.0]},
+    {"message": None},  # json.loads + .get() raised AttributeError here: the engine crashed
+    {"finish_reason": "stop"},
+])
+def test_a_malformed_answer_is_a_bad_response_naming_the_field(choice: dict) -> None:
+    result = ChatResult()
+    _parse_completion(result, _answer(choice))
+    assert not result.ok and result.error_kind == BAD_RESPONSE
+    assert "$.choices[0]" in result.error  # where in the answer it went wrong
+
+
+def test_an_answer_without_choices_or_not_json_is_a_bad_response() -> None:
+    for body in (b'{"choices": []}', b"<html>502</html>", b'{"model": "m"}'):
+        result = ChatResult()
+        _parse_completion(result, body)
+        assert not result.ok and result.error_kind == BAD_RESPONSE and repr(body[:5])[2:-1] in \
+            result.error
+
+
 def test_metrics_text_is_parsed_and_labels_summed() -> None:
     text = (
         "# HELP sglang:num_queue_reqs q\n# TYPE sglang:num_queue_reqs gauge\n"
@@ -149,3 +170,14 @@ def test_clients_sharing_a_server_converge_without_starving_it() -> None:
         history.append(sum(windows))
     assert all(total >= 64 for total in history[5:]), history  # the batch stays full
     assert history[-1] <= 64 + 3 * 12, history  # and the queue stays short
+
+
+def test_a_shard_outcome_repr_leaves_the_records_out() -> None:
+    # asyncio.run (3.11) reprs the run's result as it ends: a repr of every record, text and
+    # token ids was ~6% of a shard's client CPU.
+    from include.generation.outcome import ShardOutcome
+
+    records = {f"p{i}": {"id": f"p{i}", "text": "x" * 1000} for i in range(100)}
+    outcome = ShardOutcome("shard-00001", 100, 0, records, {"completed": 100}, 0, 1.0, 0, [])
+    assert "xxxx" not in repr(outcome) and len(repr(outcome)) < 500
+    assert outcome.records is records
