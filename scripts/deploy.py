@@ -62,6 +62,9 @@ STANDIN_ARGS = ["--enable-metrics", "--standin-time-scale", "0.02",
                 "--standin-median-output-tokens", "150", "--standin-warmup-seconds", "0.5"]
 SERVED_MODEL = "Qwen/Qwen3.6-27B"
 WORKERS = ("worker-1", "worker-2")
+#: FAB roles that see the run monitor in the UI's Browse menu (its plugin entry needs "can
+#: read on Plugins", which FAB gives Admin only); compose's airflow-init grants the same.
+PLUGIN_VIEW_ROLES = ("Viewer", "User", "Op")
 #: compose's `command:` of each Airflow service, and the native components running it.
 COMMANDS = {"api-server": ["api-server"], "scheduler": ["scheduler"],
             "dag-processor": ["dag-processor"], "triggerer": ["triggerer"],
@@ -377,6 +380,13 @@ class Tier:
             f.write(out)
         if done.returncode and "already exist" not in out:
             raise DeployError(f"creating the admin user failed:\n{out[-3000:]}")
+        done = self._airflow("roles", "add-perms", *PLUGIN_VIEW_ROLES, "-r", "Plugins", "-a",
+                             "can_read")
+        with open(self.procs.log("airflow-init"), "a") as f:
+            f.write(done.stdout + done.stderr)
+        if done.returncode:
+            raise DeployError(f"letting {PLUGIN_VIEW_ROLES} see the run monitor failed:\n"
+                              f"{(done.stdout + done.stderr)[-3000:]}")
 
     def status(self) -> dict[str, int | None]:
         return {name: self.procs.pid(name) for name in self.procs.names()}
@@ -430,7 +440,9 @@ def _summary(tier: Tier) -> str:
     return "\n".join([
         f"Airflow UI:  {tier.url}  (login {c['admin_user']} / "
         f"{c['secrets']['admin_password']})",
-        f"DAG:         {DAG_ID} (paused until you unpause it, as in compose)",
+        f"DAG:         {DAG_ID} (paused until you unpause it, as in compose); the trigger "
+        "form's defaults run on the stand-ins",
+        f"run monitor: {tier.url}/regen-monitor/ (Browse -> Drafter data runs)",
         f"run conf:    {conf}  (the stand-ins' model; paste it into the trigger form's JSON)",
         f"logs:        {tier.procs.logs}/<component>.log; task logs in "
         f"{tier.state / 'airflow' / 'logs'}",

@@ -14,7 +14,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from include.reporting.airflow_runs import FILE_WORDS, NO_STATUS, RECENT_RUNS, page_order
+from include.reporting.airflow_runs import (
+    FILE_WORDS,
+    LIVE_RUN_STATES,
+    NO_STATUS,
+    RECENT_RUNS,
+    page_order,
+)
 from include.reporting.monitor import DAG_ID, RATE_WINDOW_S
 
 URL_PREFIX = "/regen-monitor"
@@ -58,7 +64,8 @@ _CSS = (
     + "".join(f".badge.st-{k},.chip.st-{k}{{border-left-color:var(--{k})}}"
               f".badge.st-{k}{{background:var(--{k})}}" for k in _STATES)
     + ".failure{margin:0;padding:8px 16px;border-bottom:1px solid var(--border);"
-    "color:var(--bad)}.failure pre{margin:4px 0 0;white-space:pre-wrap;font:12px/1.4 "
+    "color:var(--bad)}.failure .msg{white-space:pre-line}"
+    ".failure pre{margin:4px 0 0;white-space:pre-wrap;font:12px/1.4 "
     "ui-monospace,monospace;color:var(--fg)}"
     ".stats{display:grid;grid-template-columns:repeat(auto-fill,minmax(116px,1fr));gap:8px;"
     "padding:12px 16px}.stat{background:var(--bg-muted);border-radius:6px;padding:6px 10px}"
@@ -139,8 +146,8 @@ def _failure(run: Mapping[str, Any]) -> str:
         return ""
     where = f["task_id"] + (f" {f['shard_id']}" if f.get("shard_id") else "")
     lines = "\n".join(f["lines"])
-    return (f"<div class='failure' data-key='failure'><b>{_e(where)}</b>: "
-            f"{_e(f['message'] or 'see its log')} <a href='{_e(f['url'])}' target='_top'>"
+    return (f"<div class='failure' data-key='failure'><b>{_e(where)}</b>: <span class='msg'>"
+            f"{_e(f['message'] or 'see its log')}</span> <a href='{_e(f['url'])}' target='_top'>"
             f"task log</a>{f'<pre>{_e(lines)}</pre>' if lines else ''}</div>")
 
 
@@ -266,7 +273,7 @@ def _section(section: Mapping[str, Any], words: Mapping[str, str], url_prefix: s
     body = _failure(newest) if newest is not None else ""
     if files is not None:
         body += _file_stats(files, section["run"]["shards_in_run"])
-    if newest is not None:
+    if newest is not None and (newest["shards"] or newest.get("state") in LIVE_RUN_STATES):
         shards = _shards(newest, words, files)
         counts = _counts(newest, words) or "no shard tasks"
         body += (f"<div class='part afrun' data-part='airflow' "

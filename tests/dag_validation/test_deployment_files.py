@@ -452,3 +452,14 @@ def test_the_native_api_server_reaches_each_workers_log_server(native_tier, monk
     # A host it does not list (compose's containers) keeps Airflow's own URL.
     url, _ = handler._get_log_retrieval_url(SimpleNamespace(hostname="abc123"), "x.log")
     assert url.startswith("http://abc123:")
+
+
+def test_both_tiers_let_the_same_roles_see_the_run_monitor(airflow_services) -> None:
+    # Issue 27: a non-admin user met no "Drafter data runs" in the Browse menu (the plugins
+    # list, which the UI builds its menu from, is Admin-only in FAB).
+    from scripts.deploy import PLUGIN_VIEW_ROLES
+
+    init = "\n".join(airflow_services["airflow-init"]["command"])
+    grant = f"airflow roles add-perms {' '.join(PLUGIN_VIEW_ROLES)} -r Plugins -a can_read"
+    assert grant in init
+    assert set(PLUGIN_VIEW_ROLES) == {"Viewer", "User", "Op"}
