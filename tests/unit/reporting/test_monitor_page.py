@@ -102,7 +102,8 @@ def test_a_runs_state_and_failure_are_the_first_things_its_section_shows(tmp_pat
     assert ">Failed<" in doomed[:header_end]
     # Right under the header: the failed task and why, with its own error lines.
     assert doomed[header_end:].startswith("</header><div class='failure' data-key='failure'>")
-    assert "check_settings</b>: 1 setting refused: model_path" in doomed
+    assert "check_settings</b>: <span class='msg'>1 setting refused: model_path</span>" in doomed
+    assert "Shards in this Airflow run" not in doomed  # none, and it is over
     assert "1. setting `model_path`: got &#x27;x&#x27;" in doomed
     assert "no shard tasks yet" not in html
     gated = html[html.index("data-run='gated'"):]
