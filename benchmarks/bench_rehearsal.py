@@ -57,6 +57,7 @@ from scripts.deploy import DAG_ID, ROOT, STANDIN_ARGS, WORKERS, Tier, remove_dat
 from scripts.deploy_api import AirflowApi, unix_time
 from scripts.deploy_services import free_port_block
 from synthetic_sources.rehearsal import rehearsal_sources
+from tests.deployment.conftest import TIME_COMPRESSION
 from tests.deployment.runs import GENERATE, object_lines, shard_plan, task_result
 
 SERVERS = 8
@@ -137,6 +138,25 @@ class FaultSchedule(threading.Thread):
         shard_range = f"{self.shards - k}-{self.shards - 1}"
         self.backfill_id = self.api.trigger(DAG_ID, {**self.conf, "shard_range": shard_range})
         return {"shard_range": shard_range, "run_id": self.backfill_id}
+
+
+def retire_restarted(tier: Tier, api: AirflowApi, run_ids: list[str | None],
+                     timeout: float) -> None:
+    """Once every generate task of ``run_ids`` has ended, stop the server the bench started
+    again: ``stop_servers`` stops only what its run started, and refuses a port that still
+    answers after its process is gone ("find what listens on port N")."""
+    def generated(run_id: str) -> bool:
+        if api.run_state(DAG_ID, run_id) in ("success", "failed"):
+            return True
+        states = [t["state"] for t in api.task_instances(DAG_ID, run_id)
+                  if t["task_id"] == GENERATE]
+        return bool(states) and all(s in ("success", "failed", "skipped", "upstream_failed")
+                                    for s in states)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(generated(r) for r in run_ids if r):
+        time.sleep(2.0)
+    tier.procs.stop("restarted-server")
 
 
 def count_published(s3: Any, run_name: str, plan: list[dict[str, Any]]) -> dict[str, int]:
@@ -274,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     state = args.keep or Path(tempfile.mkdtemp(prefix="bench-rehearsal-"))
     tier = Tier(state, api_port=free_port_block(),
                 extra_data_roots=[str(Path(sources[0]["path"]).parent)])
+    # The deployment tier's compressed fault timeouts (a dead worker's tasks retried after
+    # 40 s without a heartbeat, not 300 s), as the stand-ins compress the GPUs' time.
     tier.overrides.update({
+        **TIME_COMPRESSION,
         "REGEN_MAX_ACTIVE_SHARDS": str(args.max_active_shards),
         "REGEN_EXTRA_SERVER_ARGS": json.dumps(
             [*STANDIN_ARGS, *REHEARSAL_ARGS, "--standin-fault-file", str(tier.fault_file)]),
@@ -312,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             faults.start()
             for server in task_result(api, run_id, "launch_servers")["servers"]:
                 memory.watch("servers", server["pid"])
+            faults.join(timeout=args.timeout)
+            retire_restarted(tier, api, [run_id, faults.backfill_id], args.timeout)
             state_main = api.wait_for_run(DAG_ID, run_id, args.timeout)
-            faults.join(timeout=600)
             state_backfill = (api.wait_for_run(DAG_ID, faults.backfill_id, args.timeout)
                               if faults.backfill_id else None)
             out["run_s"] = round(time.monotonic() - t0, 1)
