@@ -12,22 +12,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-IN_ROTATION = "in rotation"
-RESTING = "resting"
-EJECTED = "ejected"
+from include.generation.server_states import ServerStatus
 
-#: Why a turn did not go to its conversation's previous server.
-MOVE_REASONS = ("resting", "ejected", "gone", "busier")
+
+class Placement(StrEnum):
+    """Why a turn goes where it goes: the last four are moves away from its previous server."""
+
+    FIRST_TURN = "first_turn"
+    KEPT = "kept"
+    NO_SERVER = "no_server"
+    RESTING = "resting"
+    EJECTED = "ejected"
+    GONE = "gone"
+    BUSIER = "busier"
+
+
+#: The placements that moved a turn off its conversation's server (the moves counted).
+MOVES = (Placement.RESTING, Placement.EJECTED, Placement.GONE, Placement.BUSIER)
 
 
 @dataclass(frozen=True)
 class ServerView:
-    """What affinity needs of one server (``generation.pool.ServerState``): its url, state
-    (``in rotation``, ``resting``, ``ejected``), in-flight requests, window and free room."""
+    """What affinity needs of one server (``generation.pool.ServerState``): its url, state,
+    in-flight requests, window and free room."""
 
     url: str
-    state: str
+    state: ServerStatus
     in_flight: int
     window: int
     free: int
@@ -45,7 +57,7 @@ class Choice:
 
     url: str | None
     moved: bool
-    reason: str
+    reason: Placement
     ready: bool = False
 
 
@@ -61,20 +73,21 @@ def choose_server(
     """
     if busier_by < 0:
         raise ValueError(f"busier_by must be >= 0, got {busier_by}")
-    rotation = [s for s in servers if s.state == IN_ROTATION]
+    rotation = [s for s in servers if s.state == ServerStatus.IN_ROTATION]
     if not rotation:
-        return Choice(None, False, "no_server")
+        return Choice(None, False, Placement.NO_SERVER)
     # Least loaded first; among equals the one with the most room, then by url (stable).
     best = min(rotation, key=lambda s: (s.load, -s.free, s.url))
     if previous is None:
-        return Choice(best.url, False, "first_turn", best.free > 0)
+        return Choice(best.url, False, Placement.FIRST_TURN, best.free > 0)
     home = next((s for s in servers if s.url == previous), None)
     if home is None:
-        reason = "gone"
-    elif home.state == IN_ROTATION and home.load - best.load <= busier_by:
-        return Choice(home.url, False, "kept", home.free > 0)
-    elif home.state == IN_ROTATION:
-        reason = "busier"
+        reason = Placement.GONE
+    elif home.state == ServerStatus.IN_ROTATION and home.load - best.load <= busier_by:
+        return Choice(home.url, False, Placement.KEPT, home.free > 0)
+    elif home.state == ServerStatus.IN_ROTATION:
+        reason = Placement.BUSIER
     else:
-        reason = EJECTED if home.state == EJECTED else RESTING
+        reason = (Placement.EJECTED if home.state == ServerStatus.EJECTED
+                  else Placement.RESTING)
     return Choice(best.url, True, reason, best.free > 0)

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from include.conversations import chain
-from include.conversations.affinity import IN_ROTATION, ServerView, choose_server
+from include.conversations.affinity import Placement, ServerView, choose_server
 from include.conversations.budget import turn_budget
 from include.conversations.records import conversation_record
 from include.conversations.resume import ResumeError, resume, turn_record
+from include.generation.server_states import ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ class Conversations:
             self.homes.setdefault(choice.url, collections.deque()).append(item)
             self.kept += 1
             return
-        if previous is not None and choice.reason == "resting":
+        if previous is not None and choice.reason == Placement.RESTING:
             # Waits for it through a short rest (``take`` moves it after REST_GRACE_S).
             self.homes.setdefault(previous, collections.deque()).append(item)
             self.kept += 1
@@ -231,12 +232,12 @@ class Conversations:
         now = time.monotonic()
         for url in [u for u, q in self.homes.items() if q]:
             server = by_url.get(url)
-            if server is not None and server.state == IN_ROTATION:
+            if server is not None and server.state == ServerStatus.IN_ROTATION:
                 self.resting_since.pop(url, None)
                 continue
-            reason = "gone" if server is None else (
-                "ejected" if server.state == "ejected" else "resting")
-            if reason == "resting" and now - self.resting_since.setdefault(url, now) \
+            reason = Placement.GONE if server is None else (
+                Placement.EJECTED if server.state == ServerStatus.EJECTED else Placement.RESTING)
+            if reason == Placement.RESTING and now - self.resting_since.setdefault(url, now) \
                     < REST_GRACE_S:
                 continue
             queue = self.homes.pop(url)
@@ -249,7 +250,7 @@ class Conversations:
             return self.homes[server.url].popleft(), server
         if pending:
             return None
-        idle = [s for s in servers if s.free > 0 and s.state == IN_ROTATION]
+        idle = [s for s in servers if s.free > 0 and s.state == ServerStatus.IN_ROTATION]
         if not idle:
             return None
         taker = max(idle, key=lambda s: s.free)
@@ -258,7 +259,7 @@ class Conversations:
             return None
         busiest = max(waiting, key=_load)
         if _load(busiest) - _load(taker) > BUSIER_BY:
-            self.moves["busier"] += 1
+            self.moves[Placement.BUSIER] += 1
             return self.homes[busiest.url].popleft(), taker
         return None
 
@@ -269,7 +270,7 @@ class Conversations:
     def summary(self) -> dict[str, Any]:
         """Return the counters for the shard's outcome and logs."""
         return {"conversations": len(self.states), "turns": self.turns_done,
-                "kept_on_server": self.kept, "moved": dict(self.moves),
+                "kept_on_server": self.kept, "moved": {str(k): n for k, n in self.moves.items()},
                 "ends": dict(chain.count_ends(self.states.values())),
                 "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}
 

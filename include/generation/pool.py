@@ -24,7 +24,7 @@ import aiohttp
 
 from include.generation import server_states as st
 from include.generation.client import CONNECT
-from include.generation.server_states import PROBES_TO_EJECT, ServerHealth
+from include.generation.server_states import PROBES_TO_EJECT, ServerHealth, ServerStatus
 from include.generation.window import next_window, parse_metrics
 from include.sglang import aio
 from include.sglang.contract import CONNECT as NO_CONNECTION
@@ -159,9 +159,9 @@ class ServerPool:
 
     def state_counts(self) -> dict[str, int]:
         """Return how many servers are in rotation, resting and ejected."""
-        counts = {"in rotation": 0, "resting": 0, "ejected": 0}
+        counts = dict.fromkeys(map(str, ServerStatus), 0)
         for server in self.servers:
-            counts[server.state] += 1
+            counts[str(server.state)] += 1
         return counts
 
     # --- outcomes ------------------------------------------------------------------------

@@ -23,6 +23,16 @@ after a streak or a cool-down began can end it, since an older one proves nothin
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import StrEnum
+
+
+class ServerStatus(StrEnum):
+    """A server's state in the pool: the one spelling logs, summaries and affinity use."""
+
+    IN_ROTATION = "in rotation"
+    RESTING = "resting"
+    EJECTED = "ejected"
+
 
 #: Health probes failed in a row (timeout or not 200) after which a server counts as gone.
 #: One failed probe only rests it: a loaded host can miss one without losing its work.
@@ -82,11 +92,11 @@ class ServerHealth:
         return not self.healthy or bool(self.failed_probes) or self.cooling
 
     @property
-    def state(self) -> str:
-        """Return ``in rotation``, ``resting`` or ``ejected``."""
+    def state(self) -> ServerStatus:
+        """Return the server's ``ServerStatus``."""
         if not self.healthy:
-            return "ejected"
-        return "resting" if self.limited else "in rotation"
+            return ServerStatus.EJECTED
+        return ServerStatus.RESTING if self.limited else ServerStatus.IN_ROTATION
 
     def free(self, window: int, in_flight: int, now: float) -> int:
         """Return how many more requests the server may take at time ``now``."""

@@ -15,6 +15,7 @@ from typing import Any
 from include.generation import client as c
 from include.generation.journal import Journal, is_final
 from include.generation.outcome import COMPLETED, FAILED, SKIPPED
+from include.generation.server_states import ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,6 @@ class Tally:
             self.counts[COMPLETED], self.counts[SKIPPED], self.counts[FAILED], self.truncated,
             rate, self.output_tokens / elapsed, eta, in_flight, self.requests,
             sum(self.retries.values()), f" ({retries})" if retries else "",
-            servers["in rotation"], sum(servers.values()), servers["resting"],
-            servers["ejected"],
+            servers[ServerStatus.IN_ROTATION], sum(servers.values()),
+            servers[ServerStatus.RESTING], servers[ServerStatus.EJECTED],
         )

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from include.conversations.affinity import (
-    EJECTED,
-    IN_ROTATION,
-    RESTING,
-    Choice,
-    ServerView,
-    choose_server,
-)
+from include.conversations.affinity import Choice, ServerView, choose_server
+from include.generation.server_states import ServerStatus
+
+IN_ROTATION, RESTING, EJECTED = ServerStatus
 
 
 def view(url: str, in_flight: int = 0, window: int = 8, state: str = IN_ROTATION) -> ServerView:
