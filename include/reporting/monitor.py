@@ -153,7 +153,8 @@ class RunMonitor:
         # many shards a run has.
         self._parts: LRUCache[str, _Part] = LRUCache(
             max_journal_records, getsizeof=lambda p: len(p.status) + 1)
-        self._facts: LRUCache[str, Any] = LRUCache(4096)
+        # Two small facts per published shard (generated, tokenized) and one per report.
+        self._facts: LRUCache[str, Any] = LRUCache(16384)
 
     # --- discovery -------------------------------------------------------------------------
     def run_names(self) -> list[str]:
