@@ -56,9 +56,9 @@ def shingle_hashes(words: Sequence[str], size: int, memo: dict[str, int] | None 
     import numpy as np
 
     memo = {} if memo is None else memo  # words repeat across a shard: hash each once
-    get = memo.get
-    w = np.fromiter((get(x) or memo.setdefault(x, zlib.crc32(x.encode()) or 1) for x in words),
-                    np.uint64, len(words))
+    for word in set(words).difference(memo):
+        memo[word] = zlib.crc32(word.encode()) or 1
+    w = np.fromiter(map(memo.__getitem__, words), np.uint64, len(words))  # no Python frames
     n = max(len(w) - size + 1, 1)
     h = np.zeros(n, np.uint64)
     with np.errstate(over="ignore"):  # wrapping arithmetic is the hash

@@ -38,8 +38,12 @@ def degenerate_repetition(parts: Parts, options: QualityOptions) -> str | None:
         unit = text[-period:]
         return (f"the last {covered} characters are a {period}-character span repeated "
                 f"{covered / period:.0f} times: {unit[:40]!r}")
-    found = ngram_repeats(parts.text, options.ngram_words, options.ngram_min_words,
-                          options.ngram_min_distinct)
+    found = None
+    words = parts.text.split()
+    if len(words) >= max(options.ngram_min_words, options.ngram_words) and _may_repeat(
+            words, options.ngram_words, options.ngram_dup_fraction):
+        found = _repeats(words, options.ngram_words, options.ngram_min_words,
+                         options.ngram_min_distinct)
     if found is not None:
         fraction, top = found
         if fraction >= options.ngram_dup_fraction and top >= options.ngram_top_count:
@@ -95,7 +99,25 @@ def ngram_repeats(text: str, n: int, min_words: int, min_distinct: int = 1
     keeps a matrix of zeros (``0 & 0 & 0``), a truth table (``| T | F |``) or a row of dashes
     from counting as a loop: a model's loop repeats a phrase or a sentence.
     """
-    words = text.split()
+    return _repeats(text.split(), n, min_words, min_distinct)
+
+
+def _may_repeat(words: list[str], n: int, fraction: float) -> bool:
+    """Return False only if under ``fraction`` of the word ``n``-grams can be repeats.
+
+    Exact and cheap: an n-gram (n >= 2) that repeats an earlier one starts with a word pair
+    that repeats an earlier one too, so the pairs' repeats bound the n-grams' from above;
+    prose stays far under the bound, and the full count (tuples of n words) is skipped.
+    """
+    total = len(words) - n + 1
+    if n < 2 or total <= 0:
+        return True
+    pair_repeats = len(words) - 1 - len(set(zip(words, words[1:], strict=False)))
+    return pair_repeats / total >= fraction  # as the share is compared: no rounding gap
+
+
+def _repeats(words: list[str], n: int, min_words: int, min_distinct: int
+             ) -> tuple[float, int] | None:
     if len(words) < max(min_words, n):
         return None
     counts = Counter(zip(*(words[i:] for i in range(n)), strict=False))

@@ -232,3 +232,30 @@ def test_records_the_checks_own_are_passed_through() -> None:
     kept, quarantined = filter_records(records)
     assert kept == records and quarantined == []
     assert reasons([records[2]], check_truncated=True) == {"src:default:2": "degenerate_repetition"}
+
+
+def test_the_word_pair_bound_never_skips_a_text_the_full_count_flags() -> None:
+    # degenerate_repetition counts n-grams only where repeated word pairs allow the share:
+    # the bound must hold for any text, down to a share exactly at the threshold.
+    import random
+
+    from include.quality.repetition import _may_repeat, ngram_repeats
+
+    rng = random.Random(7)
+    words = ["a", "bb", "the", "cat", "0", "|", "T", "ran", "x1", "dog"]
+    checked = 0
+    for _ in range(3000):
+        text = " ".join(rng.choice(words[: rng.randint(1, len(words))])
+                        for _ in range(rng.randint(12, 300)))
+        if rng.random() < 0.4:
+            text = " ".join(text.split()[:rng.randint(2, 30)] * rng.randint(1, 12))
+        for n in (2, 3, 10):
+            found = ngram_repeats(text, n, 1)
+            for fraction in (0.05, 0.3, 0.6, found[0] if found else 0.3):
+                if found is not None and found[0] >= fraction:
+                    assert _may_repeat(text.split(), n, fraction), (text, n, fraction)
+                    checked += 1
+    assert checked > 1000
+    twice = PROSE.split() * 2  # half of it repeats: word pairs bound it near 0.5
+    assert not _may_repeat(PROSE.split(), 10, 0.3) and not _may_repeat(twice, 10, 0.6)
+    assert _may_repeat(twice, 10, 0.4)

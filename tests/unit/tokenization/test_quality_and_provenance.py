@@ -136,3 +136,30 @@ def test_datasets_loads_the_provenance_columns(
                                split="train", cache_dir=str(tmp_path / "cache"))
     assert sorted(ds["cached_tokens"], key=str) == [3, None]
     assert sorted(ds["shard"]) == ["shard-00000", "shard-00001"]
+
+
+def test_a_filtered_record_keeps_the_filters_reason_and_order_holds_across_batches(
+    hf_tokenizer: Any, chat: ChatTokenizer
+) -> None:
+    # Records are assembled and encoded in batches while the filters run: a record both a
+    # filter and a check would refuse still gets the filter's reason, and every list keeps
+    # the records' order across batches (checks._CHUNK records each).
+    from include.tokenization import checks
+
+    loop = record(hf_tokenizer, 1, content="Four. " + "Let me check again. " * 60)
+    loop["usage"]["prompt_tokens"] += 1  # server_ids_mismatch too: the filter's reason wins
+    records = [record(hf_tokenizer, i) for i in range(2 * checks._CHUNK + 5)]
+    records[1] = loop
+    wrong = [3, checks._CHUNK + 1, 2 * checks._CHUNK + 4]  # one per batch
+    for i in wrong:
+        ids = records[i]["response_token_ids"]
+        records[i]["response_token_ids"] = [*ids[:-3], ids[-2], ids[-3], ids[-1]]  # swapped
+    result = tokenize_completions(chat, records)
+    assert [(q["id"], q["reason"]) for q in result.quarantined] == [
+        (loop["id"], "degenerate_repetition"),
+        *((records[i]["id"], "decode_mismatch") for i in wrong)]
+    assert [s.id for s in result.samples] == [
+        r["id"] for i, r in enumerate(records) if i != 1 and i not in wrong]
+    for s, r in zip(result.samples, (r for i, r in enumerate(records)
+                                     if i != 1 and i not in wrong), strict=True):
+        assert s.input_ids == r["prompt_token_ids"] + r["response_token_ids"]

@@ -445,6 +445,12 @@ def test_the_byte_table_decodes_as_the_tokenizer_does(chat: ChatTokenizer) -> No
         assert chat.decodes_to(ids, text)
         assert not chat.decodes_to(ids, text + "x")
         assert not chat.decodes_to(ids[:-1], text)
+        # Ids outside the table never decode (a negative one must not read it from the end).
+        assert not chat.decodes_to([*ids, len(table)], text)
+        assert not chat.decodes_to([*ids[:-1], ids[-1] - len(table)], text)
+    one = chat.encode(["x"])[0]
+    assert len(one) == 1 and chat.decodes_to(one, "x") and chat.decodes_to([], "")
+    assert not chat.decodes_to([-len(table) + one[0]], "x") and not chat.decodes_to([], "x")
 
 
 
