@@ -129,7 +129,7 @@ def refusal_summary(problems: list[str]) -> str:
     names = refused_names(problems)
     count = f"{len(problems)} setting{'s' * (len(problems) != 1)}"
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return f"{count} refused{': ' + shown if shown else ''} (why: the log lines above)"
+    return f"{count} refused{': ' + shown if shown else ''} (the reasons are in this task's log)"
 
 
 def refusal_lines(problems: list[str], width: int = LINE_WIDTH) -> list[str]:

@@ -140,7 +140,7 @@ def test_the_task_logs_each_refusal_on_short_lines_and_fails_with_one_short_line
         run({"model_path": "someone/else", "shard_sise": 3,
              "sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]})
     assert str(err.value) == ("2 settings refused: shard_sise, model_path "
-                              "(why: the log lines above)")
+                              "(the reasons are in this task's log)")
     assert err.value.__cause__ is None and err.value.__suppress_context__
     lines = [r.getMessage() for r in caplog.records if r.name == "include.pipeline.check"]
     assert lines[0] == "2 settings refused:" and all(len(x) <= LINE_WIDTH for x in lines)

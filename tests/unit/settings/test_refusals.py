@@ -37,7 +37,7 @@ def test_each_problem_is_numbered_and_wrapped_to_short_lines_keeping_every_word(
 def test_the_summary_is_one_short_line_naming_the_settings() -> None:
     summary = refusal_summary([LONG, "deployment setting `gpu_hosts[0].gpus` is empty"])
     assert summary == ("2 settings refused: model_path, gpu_hosts[0].gpus "
-                       "(why: the log lines above)")
+                       "(the reasons are in this task's log)")
     assert refused_names(["no name here", "`a` and `b`", "`a` again"]) == ["a"]
     assert "\n" not in refusal_summary([LONG]) and len(refusal_summary([LONG])) < 80
 
