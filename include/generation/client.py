@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from include.sglang import aio, contract
@@ -19,18 +20,24 @@ from include.sglang.length import prompt_tokens_from_length_error
 if TYPE_CHECKING:
     import aiohttp
 
-#: Failure kinds. Retryable ones can succeed on another try or another server.
-CONNECT = "connect_error"  # refused / reset before a response: the server is likely down
-DISCONNECTED = "disconnected"  # the server closed the connection mid-request
-TIMEOUT = "timeout"
-HTTP_5XX = "http_5xx"
-QUEUE_FULL = "queue_full"  # 503 "The request queue is full."
-LENGTH = "length_error"  # one of SGLang's three 400 length errors
-UNAUTHORIZED = "unauthorized"  # 401: the API key is wrong; no retry can fix it
-HTTP_4XX = "http_4xx"
-BAD_RESPONSE = "bad_response"  # 200 with a body that is not a chat completion
-CANCELLED = "cancelled"  # taken back by the engine (server ejected while in flight)
-RETRYABLE = frozenset({CONNECT, DISCONNECTED, TIMEOUT, HTTP_5XX, QUEUE_FULL, CANCELLED})
+class ErrorKind(StrEnum):
+    """Why a request failed (``ChatResult.error_kind``, a failed record's ``reason``)."""
+
+    CONNECT = contract.Failure.CONNECT.value  # refused / reset before a response: likely down
+    DISCONNECTED = contract.Failure.DISCONNECTED.value  # closed mid-request
+    TIMEOUT = contract.Failure.TIMEOUT.value
+    HTTP_5XX = "http_5xx"
+    QUEUE_FULL = "queue_full"  # 503 "The request queue is full."
+    LENGTH = "length_error"  # one of SGLang's three 400 length errors
+    UNAUTHORIZED = "unauthorized"  # 401: the API key is wrong; no retry can fix it
+    HTTP_4XX = "http_4xx"
+    BAD_RESPONSE = "bad_response"  # 200 with a body that is not a chat completion
+    CANCELLED = "cancelled"  # taken back by the engine (server ejected while in flight)
+
+
+#: The kinds that can succeed on another try or another server.
+RETRYABLE = frozenset({ErrorKind.CONNECT, ErrorKind.DISCONNECTED, ErrorKind.TIMEOUT,
+                       ErrorKind.HTTP_5XX, ErrorKind.QUEUE_FULL, ErrorKind.CANCELLED})
 
 @dataclass(frozen=True)
 class ChatRequest:
@@ -133,14 +140,14 @@ async def send_chat(
             _parse_completion(result, answer.body)
         else:
             _classify_error(result, answer.status, answer.text())
-    elif answer.failure == contract.TIMEOUT:
-        result.error_kind, result.error = TIMEOUT, "request timed out"
-    elif answer.failure == contract.CONNECT:
+    elif answer.failure == contract.Failure.TIMEOUT:
+        result.error_kind, result.error = ErrorKind.TIMEOUT, "request timed out"
+    elif answer.failure == contract.Failure.CONNECT:
         os_error = getattr(answer.error, "os_error", answer.error)
-        result.error_kind, result.error = CONNECT, f"cannot connect: {os_error}"
+        result.error_kind, result.error = ErrorKind.CONNECT, f"cannot connect: {os_error}"
     else:  # closed mid-answer, reset on a pooled connection, a body cut short
         exc = answer.error
-        result.error_kind, result.error = DISCONNECTED, f"{type(exc).__name__}: {exc}"
+        result.error_kind, result.error = ErrorKind.DISCONNECTED, f"{type(exc).__name__}: {exc}"
     result.latency_s = time.perf_counter() - start
     return result
 
@@ -150,7 +157,7 @@ def _parse_completion(result: ChatResult, body: bytes) -> None:
         data = contract.chat_completion(body)
         choice = data.choices[0]
     except (ValueError, IndexError) as exc:  # msgspec's errors are ValueErrors
-        result.error_kind = BAD_RESPONSE
+        result.error_kind = ErrorKind.BAD_RESPONSE
         result.error = f"unexpected 200 body ({type(exc).__name__}: {exc}): {body[:300]!r}"
         return
     text, reasoning = choice.message.content, choice.message.reasoning_content
@@ -166,14 +173,14 @@ def _parse_completion(result: ChatResult, body: bytes) -> None:
     if reasoning:
         # A server that split the text anyway (``separate_reasoning`` ignored): the parts
         # cannot be joined back exactly, whatever the release's whitespace rules.
-        result.error_kind = BAD_RESPONSE
+        result.error_kind = ErrorKind.BAD_RESPONSE
         result.error = ("the server split the reasoning from the answer although "
                         "separate_reasoning was false; the exact text cannot be rebuilt")
         return
     result.text = text if isinstance(text, str) else ""
     if result.finish_reason == "abort":
         # SGLang aborts requests it drops (e.g. during shutdown); the answer is incomplete.
-        result.error_kind, result.error = HTTP_5XX, "server aborted the request"
+        result.error_kind, result.error = ErrorKind.HTTP_5XX, "server aborted the request"
         return
     result.ok = True
 
@@ -182,12 +189,12 @@ def _classify_error(result: ChatResult, status: int, text: str) -> None:
     message = _error_message(text)
     result.error = message
     if status == 401:
-        result.error_kind = UNAUTHORIZED
+        result.error_kind = ErrorKind.UNAUTHORIZED
     elif status == 503 and "queue is full" in message:
-        result.error_kind = QUEUE_FULL
+        result.error_kind = ErrorKind.QUEUE_FULL
     elif status >= 500:
-        result.error_kind = HTTP_5XX
+        result.error_kind = ErrorKind.HTTP_5XX
     elif status == 400 and prompt_tokens_from_length_error(message) is not None:
-        result.error_kind = LENGTH
+        result.error_kind = ErrorKind.LENGTH
     else:
-        result.error_kind = HTTP_4XX
+        result.error_kind = ErrorKind.HTTP_4XX

@@ -23,12 +23,12 @@ from typing import Any
 import aiohttp
 
 from include.generation import server_states as st
-from include.generation.client import CONNECT
+from include.generation.client import ErrorKind
 from include.generation.server_states import PROBES_TO_EJECT, ServerHealth, ServerStatus
 from include.generation.window import next_window, parse_metrics
 from include.sglang import aio
-from include.sglang.contract import CONNECT as NO_CONNECTION
 from include.sglang.contract import (
+    Failure,
     health_probe_timeout_s,
     served_model,
     server_version,
@@ -175,7 +175,7 @@ class ServerPool:
                        seq: int) -> bool:
         """Count a retryable failure (``seq`` from ``dispatched``); return whether it counts
         against the prompt (``server_states.request_failed`` decides)."""
-        refused = kind == CONNECT
+        refused = kind == ErrorKind.CONNECT
         step = st.request_failed(
             server.health, self.policy, prompt_id=prompt_id, seq=seq, sent=server.sent,
             now=time.monotonic(), failure=message if refused else f"{kind} {message[:200]}",
@@ -292,7 +292,7 @@ class ServerPool:
         gone = False
         if answer.answered:
             ok, detail = answer.status == 200, f"/health answered {answer.status}"
-        elif answer.failure == NO_CONNECTION:
+        elif answer.failure == Failure.CONNECT:
             os_error = getattr(answer.error, "os_error", answer.error)
             ok, gone, detail = False, True, f"/health refused the connection ({os_error})"
         else:

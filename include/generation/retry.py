@@ -65,12 +65,12 @@ def decide_retry(
     """
     if result.ok:
         return RetryDecision("complete", charged)
-    if result.error_kind == c.LENGTH:
+    if result.error_kind == c.ErrorKind.LENGTH:
         server_tokens = prompt_tokens_from_length_error(result.error)
         if length_retried or server_tokens is None:
             return RetryDecision("fail", charged)
         return RetryDecision("rebudget", charged, prompt_tokens=server_tokens)
-    if result.error_kind == c.UNAUTHORIZED:
+    if result.error_kind == c.ErrorKind.UNAUTHORIZED:
         return RetryDecision("fatal", charged)
     if not result.retryable:
         return RetryDecision("fail", charged)

@@ -29,7 +29,7 @@ from include.servers.commands import ServerSpec, build_log_tail_command, parse_f
 from include.servers.hosts import run_once_on_host
 from include.servers.lifecycle import build_status_command
 from include.sglang import aio
-from include.sglang.contract import CONNECT, bearer, health_probe_timeout_s
+from include.sglang.contract import Failure, bearer, health_probe_timeout_s
 
 __all__ = ["ServerHealthTrigger"]
 
@@ -163,7 +163,7 @@ class ServerHealthTrigger(BaseTrigger):
         if answer.answered:
             self._last_health = f"HTTP {answer.status}"
             return answer.status
-        if answer.failure == CONNECT and answer.refused:
+        if answer.failure == Failure.CONNECT and answer.refused:
             # A live SGLang process keeps its port closed while it loads the model.
             self._last_health = "connection refused (the port opens once the model is loaded)"
         else:

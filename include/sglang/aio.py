@@ -13,14 +13,12 @@ import aiohttp
 
 from include.sglang.contract import (
     CHAT,
-    CONNECT,
-    DISCONNECTED,
     HEALTH,
     METRICS,
     MODELS,
     SERVER_INFO,
-    TIMEOUT,
     Answer,
+    Failure,
     json_body,
 )
 
@@ -29,11 +27,11 @@ _JSON_TYPE = {"Content-Type": "application/json"}
 
 def _failed(exc: BaseException) -> Answer:
     if isinstance(exc, TimeoutError):
-        return Answer(failure=TIMEOUT, error=exc)
+        return Answer(failure=Failure.TIMEOUT, error=exc)
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return Answer(failure=CONNECT, error=exc,
+        return Answer(failure=Failure.CONNECT, error=exc,
                       refused=isinstance(exc.os_error, ConnectionRefusedError))
-    return Answer(failure=DISCONNECTED, error=exc)
+    return Answer(failure=Failure.DISCONNECTED, error=exc)
 
 
 async def get(

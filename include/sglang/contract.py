@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import msgspec
@@ -26,12 +27,19 @@ HEALTH_ANSWER_MIN_S = 1.0
 #: scheduling and the round trip, with room to spare.
 HEALTH_PROBE_TIMEOUT_FLOOR_S = 5.0
 
-#: How a call failed before any HTTP answer (``Answer.failure``).
-TIMEOUT = "timeout"
-#: No connection could be made (refused, unreachable, name not resolved).
-CONNECT = "connect"
-#: The connection broke (closed mid-answer, reset, a body cut short) or another client error.
-DISCONNECTED = "disconnected"
+class Failure(StrEnum):
+    """How a call failed before any HTTP answer (``Answer.failure``).
+
+    The same words as a request's ``generation.client.ErrorKind`` for these three, so a
+    failure reads one way in the journal, the logs and the monitor.
+    """
+
+    #: No answer within the timeout.
+    TIMEOUT = "timeout"
+    #: No connection could be made (refused, unreachable, name not resolved).
+    CONNECT = "connect_error"
+    #: The connection broke (closed mid-answer, reset, a body cut short) or another error.
+    DISCONNECTED = "disconnected"
 
 
 def health_probe_timeout_s(wanted: float = 0.0) -> float:

@@ -10,11 +10,10 @@ import urllib.request
 from typing import Any
 
 from include.sglang.contract import (
-    CONNECT,
     HEALTH,
     MODELS,
-    TIMEOUT,
     Answer,
+    Failure,
     bearer,
     health_probe_timeout_s,
 )
@@ -51,14 +50,15 @@ def get(
     except urllib.error.HTTPError as exc:
         return Answer(exc.code, exc.read(), error=exc)
     except TimeoutError as exc:
-        return Answer(failure=TIMEOUT, error=exc)
+        return Answer(failure=Failure.TIMEOUT, error=exc)
     except urllib.error.URLError as exc:
         refused = isinstance(exc.reason, ConnectionRefusedError)
         if isinstance(exc.reason, TimeoutError):
-            return Answer(failure=TIMEOUT, error=exc)
-        return Answer(failure=CONNECT, error=exc, refused=refused)
+            return Answer(failure=Failure.TIMEOUT, error=exc)
+        return Answer(failure=Failure.CONNECT, error=exc, refused=refused)
     except OSError as exc:
-        return Answer(failure=CONNECT, error=exc, refused=isinstance(exc, ConnectionRefusedError))
+        return Answer(failure=Failure.CONNECT, error=exc,
+                      refused=isinstance(exc, ConnectionRefusedError))
 
 
 def models(url: str, api_key: str | None = None, timeout: float = 5.0) -> Answer:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from include.generation.client import (
-    BAD_RESPONSE,
     ChatRequest,
     ChatResult,
+    ErrorKind,
     _parse_completion,
     build_body,
 )
@@ -97,11 +97,11 @@ def test_an_answer_split_by_the_server_or_with_bad_ids_is_refused() -> None:
     split = ChatResult()
     _parse_completion(split, _answer({"message": {"content": "\n\nC", "reasoning_content": "R"},
                                       "finish_reason": "stop"}))
-    assert not split.ok and split.error_kind == BAD_RESPONSE and "split" in split.error
+    assert not split.ok and split.error_kind == ErrorKind.BAD_RESPONSE and "split" in split.error
     bad = ChatResult()
     _parse_completion(bad, _answer({"message": {"content": "C"}, "finish_reason": "stop",
                                     "response_token_ids": ["5"]}))
-    assert not bad.ok and bad.error_kind == BAD_RESPONSE
+    assert not bad.ok and bad.error_kind == ErrorKind.BAD_RESPONSE
 
 
 @pytest.mark.parametrize("choice", [
@@ -113,7 +113,7 @@ def test_an_answer_split_by_the_server_or_with_bad_ids_is_refused() -> None:
 def test_a_malformed_answer_is_a_bad_response_naming_the_field(choice: dict) -> None:
     result = ChatResult()
     _parse_completion(result, _answer(choice))
-    assert not result.ok and result.error_kind == BAD_RESPONSE
+    assert not result.ok and result.error_kind == ErrorKind.BAD_RESPONSE
     assert "$.choices[0]" in result.error  # where in the answer it went wrong
 
 
@@ -121,8 +121,8 @@ def test_an_answer_without_choices_or_not_json_is_a_bad_response() -> None:
     for body in (b'{"choices": []}', b"<html>502</html>", b'{"model": "m"}'):
         result = ChatResult()
         _parse_completion(result, body)
-        assert not result.ok and result.error_kind == BAD_RESPONSE and repr(body[:5])[2:-1] in \
-            result.error
+        assert not result.ok and result.error_kind == ErrorKind.BAD_RESPONSE
+        assert repr(body[:5])[2:-1] in result.error
 
 
 def test_metrics_text_is_parsed_and_labels_summed() -> None:

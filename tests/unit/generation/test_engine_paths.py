@@ -26,7 +26,7 @@ def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) ->
     run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
                           max_window=1, cool_down_after_failures=3, health_interval_s=1)
     item = _Item(_prompt(0), 5, 64, attempts=1)
-    result = c.ChatResult(server="http://s", status=401, error_kind=c.UNAUTHORIZED,
+    result = c.ChatResult(server="http://s", status=401, error_kind=c.ErrorKind.UNAUTHORIZED,
                           error="Unauthorized")
     run._handle(result, run.pool.servers[0], item, 1)
     journal.close()

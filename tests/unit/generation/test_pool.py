@@ -27,7 +27,8 @@ def test_a_failure_streak_rests_the_server_and_keeps_its_in_flight_work() -> Non
         pool = _pool()
         a = pool.servers[0]
         tasks = await _in_flight(pool, a, 2)
-        for i, kind in enumerate((c.HTTP_5XX, c.TIMEOUT, c.QUEUE_FULL)):
+        kinds = (c.ErrorKind.HTTP_5XX, c.ErrorKind.TIMEOUT, c.ErrorKind.QUEUE_FULL)
+        for i, kind in enumerate(kinds):
             pool.record_failure(a, kind, "boom", f"p{i}", pool.dispatched(a))
         assert a.state == "resting" and a.free == 0 and a.healthy
         assert not any(t.cancelled() for t in tasks)
@@ -44,13 +45,14 @@ def test_after_a_cool_down_one_trial_goes_and_a_success_ends_the_rest() -> None:
         a = pool.servers[0]
         old = pool.dispatched(a)  # sent before the streak, still in flight
         for i in range(3):
-            pool.record_failure(a, c.HTTP_5XX, "boom", f"p{i}", pool.dispatched(a))
+            pool.record_failure(a, c.ErrorKind.HTTP_5XX, "boom", f"p{i}", pool.dispatched(a))
         assert a.free == 1  # the cool-down is over: exactly one trial
         trial = pool.dispatched(a)
         assert a.trial and a.free == 0
-        pool.record_failure(a, c.HTTP_5XX, "boom", "p8", old)  # not the trial: no news
+        pool.record_failure(a, c.ErrorKind.HTTP_5XX, "boom", "p8", old)  # not the trial: no news
         assert a.cool_downs == 1 and a.free == 0
-        assert pool.record_failure(a, c.HTTP_5XX, "boom", "p9", trial) is False  # trials: free
+        # Trials are free.
+        assert pool.record_failure(a, c.ErrorKind.HTTP_5XX, "boom", "p9", trial) is False
         assert a.cool_downs == 2 and a.cool_level == 2
         trial = pool.dispatched(a)
         a.in_flight = 0  # the engine's bookkeeping: every request above has come back
@@ -65,7 +67,7 @@ def test_a_request_sent_before_the_cool_down_cannot_end_it() -> None:
         a = pool.servers[0]
         old = pool.dispatched(a)  # sent before the brownout, answered after it began
         for i in range(3):
-            pool.record_failure(a, c.QUEUE_FULL, "The request queue is full.", f"p{i}",
+            pool.record_failure(a, c.ErrorKind.QUEUE_FULL, "The request queue is full.", f"p{i}",
                                 pool.dispatched(a))
         a.in_flight -= 1
         pool.record_success(a, 10, old)
@@ -80,14 +82,14 @@ def test_only_failures_of_a_working_server_count_against_the_prompt() -> None:
     def fails(kind: str, prompt: str) -> bool:
         return pool.record_failure(a, kind, "boom", prompt, pool.dispatched(a))
 
-    assert fails(c.HTTP_5XX, "poison") is True
+    assert fails(c.ErrorKind.HTTP_5XX, "poison") is True
     # The same prompt failing again alone: the prompt's fault (e.g. it crashes the server).
-    assert fails(c.HTTP_5XX, "poison") is True
+    assert fails(c.ErrorKind.HTTP_5XX, "poison") is True
     pool.record_success(a, 1, pool.dispatched(a))
-    assert fails(c.TIMEOUT, "p1") is True
+    assert fails(c.ErrorKind.TIMEOUT, "p1") is True
     # A second prompt failing in the same streak: the server is failing everyone.
-    assert fails(c.TIMEOUT, "p2") is False
-    assert fails(c.TIMEOUT, "p1") is False
+    assert fails(c.ErrorKind.TIMEOUT, "p2") is False
+    assert fails(c.ErrorKind.TIMEOUT, "p1") is False
 
 
 def test_requests_sent_before_a_brownout_do_not_end_its_streak() -> None:
@@ -99,16 +101,16 @@ def test_requests_sent_before_a_brownout_do_not_end_its_streak() -> None:
     old = [pool.dispatched(a) for _ in range(4)]
     charged = []
     for i, seq in enumerate(old[:2]):
-        charged.append(pool.record_failure(a, c.QUEUE_FULL, "full", f"p{i}",
+        charged.append(pool.record_failure(a, c.ErrorKind.QUEUE_FULL, "full", f"p{i}",
                                            pool.dispatched(a)))
         pool.record_success(a, 100, seq)
     assert charged == [True, False]  # the first failure of a streak is the prompt's, once
     assert a.consecutive_failures == 2
-    charged.append(pool.record_failure(a, c.QUEUE_FULL, "full", "p2", pool.dispatched(a)))
+    charged.append(pool.record_failure(a, c.ErrorKind.QUEUE_FULL, "full", "p2", pool.dispatched(a)))
     assert charged[-1] is False and a.state == "resting"
     # A request sent after the streak began and answered ends it, as before.
     b = pool.servers[1]
-    pool.record_failure(b, c.HTTP_5XX, "boom", "q0", pool.dispatched(b))
+    pool.record_failure(b, c.ErrorKind.HTTP_5XX, "boom", "q0", pool.dispatched(b))
     pool.record_success(b, 1, pool.dispatched(b))
     assert b.consecutive_failures == 0
 
@@ -118,7 +120,7 @@ def test_connection_refused_ejects_at_once_and_takes_the_work_back() -> None:
         pool = _pool()
         a = pool.servers[0]
         tasks = await _in_flight(pool, a, 3)
-        assert pool.record_failure(a, c.CONNECT, "refused", "p0", 1) is False
+        assert pool.record_failure(a, c.ErrorKind.CONNECT, "refused", "p0", 1) is False
         await asyncio.sleep(0)
         assert a.state == "ejected" and all(t.cancelled() for t in tasks)
     asyncio.run(go())

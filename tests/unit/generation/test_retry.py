@@ -29,17 +29,17 @@ def test_a_completion_completes_and_charges_nothing() -> None:
 
 
 def test_a_wrong_key_stops_the_shard_without_charging_the_prompt() -> None:
-    assert decide(failed(c.UNAUTHORIZED, 401), charged=1) == RetryDecision("fatal", 1)
+    assert decide(failed(c.ErrorKind.UNAUTHORIZED, 401), charged=1) == RetryDecision("fatal", 1)
 
 
 def test_a_length_error_rebudgets_once_with_the_servers_count() -> None:
-    result = failed(c.LENGTH, 400, TOO_LONG)
+    result = failed(c.ErrorKind.LENGTH, 400, TOO_LONG)
     assert decide(result) == RetryDecision("rebudget", 0, prompt_tokens=9000)
     assert decide(result, length_retried=True) == RetryDecision("fail", 0)
-    assert decide(failed(c.LENGTH, 400, "too long, no count")) == RetryDecision("fail", 0)
+    assert decide(failed(c.ErrorKind.LENGTH, 400, "too long, no count")) == RetryDecision("fail", 0)
 
 
-@pytest.mark.parametrize("kind", [c.HTTP_4XX, c.BAD_RESPONSE])
+@pytest.mark.parametrize("kind", [c.ErrorKind.HTTP_4XX, c.ErrorKind.BAD_RESPONSE])
 def test_failures_no_retry_can_fix_are_final(kind: str) -> None:
     assert decide(failed(kind, 422), counted=True) == RetryDecision("fail", 0)
 
@@ -54,7 +54,7 @@ def test_a_failure_not_charged_to_the_prompt_never_uses_up_its_attempts(kind: st
 
 
 def test_charged_failures_back_off_exponentially_up_to_the_cap_then_fail() -> None:
-    result = failed(c.HTTP_5XX, 500)
+    result = failed(c.ErrorKind.HTTP_5XX, 500)
     first = decide(result, charged=0, counted=True)
     assert first == RetryDecision("retry", 1, delay_s=0.5)
     second = decide(result, charged=1, counted=True)
