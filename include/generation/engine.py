@@ -33,9 +33,6 @@ from include.generation.conversing import Conversations, is_conversation
 from include.generation.engine_turns import ConversationSteps
 from include.generation.journal import Journal
 from include.generation.outcome import (
-    COMPLETED,
-    FAILED,
-    SKIPPED,
     GenerationError,
     ShardOutcome,
     check_accounting,
@@ -48,8 +45,7 @@ from include.generation.variants import count_by_thinking, sampling_for
 from include.sglang.contract import bearer
 from include.sglang.length import token_budget
 
-__all__ = ["COMPLETED", "FAILED", "SKIPPED", "EngineConfig", "GenerationError", "ShardOutcome",
-           "check_accounting", "run_shard"]
+__all__ = ["EngineConfig", "GenerationError", "ShardOutcome", "check_accounting", "run_shard"]
 
 log = logging.getLogger(__name__)
 

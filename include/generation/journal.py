@@ -37,7 +37,7 @@ import msgspec
 
 from include.generation.client import RETRYABLE
 from include.generation.fencing import list_vouched, segment_key
-from include.generation.outcome import FAILED
+from include.generation.outcome import PromptStatus
 from include.layout import compacted_keys
 from include.storage import Store, sha256_hex, write_verified
 
@@ -86,7 +86,7 @@ def is_final(record: dict[str, Any]) -> bool:
     """
     if (record.get("end") or {}).get("retryable"):
         return False
-    return record.get("status") != FAILED or record.get("reason") not in RETRYABLE
+    return record.get("status") != PromptStatus.FAILED or record.get("reason") not in RETRYABLE
 
 
 #: Journal records that do not end a prompt: a whole conversation's finished turns (and

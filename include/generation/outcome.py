@@ -5,9 +5,16 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-COMPLETED, SKIPPED, FAILED = "completed", "skipped", "failed"
+
+class PromptStatus(StrEnum):
+    """How a prompt ended in a shard run: its final journal record's ``status``."""
+
+    COMPLETED = "completed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
 
 
 class GenerationError(RuntimeError):
@@ -46,8 +53,9 @@ class ShardOutcome:
     def summary(self) -> str:
         """Return the one-line result for logs."""
         return (
-            f"{self.shard_id}: {self.counts[COMPLETED]} completed ({self.truncated} truncated), "
-            f"{self.counts[SKIPPED]} skipped, {self.counts[FAILED]} failed of {self.total} "
+            f"{self.shard_id}: {self.counts[PromptStatus.COMPLETED]} completed "
+            f"({self.truncated} truncated), {self.counts[PromptStatus.SKIPPED]} skipped, "
+            f"{self.counts[PromptStatus.FAILED]} failed of {self.total} "
             f"({self.resumed} from the journal) in {self.elapsed_s:.1f}s, "
             f"{self.output_tokens / max(self.elapsed_s, 1e-9):.0f} output tok/s, "
             f"{self.requests} requests, {sum(self.retries.values())} retries"
@@ -66,7 +74,7 @@ def check_accounting(prompt_ids: Sequence[str], records: dict[str, dict[str, Any
     id_set = set(ids)
     missing = [i for i in ids if i not in records][:5]
     extra = [i for i in records if i not in id_set][:5]
-    bad = [i for i, r in records.items() if r.get("status") not in (COMPLETED, SKIPPED, FAILED)]
+    bad = [i for i, r in records.items() if r.get("status") not in set(PromptStatus)]
     if missing or extra or bad:
         raise GenerationError(
             f"accounting failed: missing {missing}, unknown {extra}, bad status {bad[:5]}"

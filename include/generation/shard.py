@@ -25,7 +25,7 @@ from include.generation.journal import (
     read_segments,
 )
 from include.generation.lease import LEASE_TTL_S, Lease, check_token
-from include.generation.outcome import COMPLETED, FAILED, SKIPPED, check_accounting
+from include.generation.outcome import PromptStatus, check_accounting
 from include.generation.startup import PromptCounter
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
@@ -257,21 +257,21 @@ def build_shard_output(
     ids = [p["id"] for p in prompts]
     check_accounting(ids, records)
     lines = []
-    counts = {COMPLETED: 0, SKIPPED: 0, FAILED: 0}
+    counts = {PromptStatus.COMPLETED: 0, PromptStatus.SKIPPED: 0, PromptStatus.FAILED: 0}
     skipped, failed = [], []
     truncated = 0
     for prompt in prompts:
         pid = prompt["id"]
         rec = records[pid]
         counts[rec["status"]] += 1
-        if rec["status"] == COMPLETED:
+        if rec["status"] == PromptStatus.COMPLETED:
             truncated += rec.get("finish_reason") == "length"
             full = {**rec, "messages": prompt["messages"], "metadata": prompt.get("metadata", {}),
                     "source": prompt.get("source", rec.get("source"))}
             lines.append(json.dumps(full, ensure_ascii=False, sort_keys=True) + "\n")
         else:
             entry = {"id": pid, "reason": rec.get("reason"), "detail": rec.get("detail", "")}
-            (skipped if rec["status"] == SKIPPED else failed).append(entry)
+            (skipped if rec["status"] == PromptStatus.SKIPPED else failed).append(entry)
     data = "".join(lines).encode("utf-8")
     manifest = {
         "shard_id": shard_id,
@@ -335,8 +335,8 @@ def publish_shard(
         manifest["lease"] = {"generation": token["generation"], "holder": token["holder"]}
     result = publish_generated_shard(store, shard_index(shard_id), data, manifest)
     log.info("%s: published %d completions (%d skipped, %d failed) to %s", shard_id,
-             manifest["counts"][COMPLETED], manifest["counts"][SKIPPED],
-             manifest["counts"][FAILED], store.uri(output_keys(shard_id)[0]))
+             manifest["counts"][PromptStatus.COMPLETED], manifest["counts"][PromptStatus.SKIPPED],
+             manifest["counts"][PromptStatus.FAILED], store.uri(output_keys(shard_id)[0]))
     compact_journal(store, shard_id, segments)
     return result.manifest
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from include.generation import client as c
 from include.generation.journal import Journal, is_final
-from include.generation.outcome import COMPLETED, FAILED, SKIPPED
+from include.generation.outcome import PromptStatus
 from include.generation.server_states import ServerStatus
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ class Tally:
         self.journal = journal
         self.sampling = sampling
         self.records: dict[str, dict[str, Any]] = {}
-        self.counts = collections.Counter({COMPLETED: 0, SKIPPED: 0, FAILED: 0})
+        self.counts = collections.Counter(dict.fromkeys(map(str, PromptStatus), 0))
         self.truncated = 0
         self.output_tokens = 0
         self.completed_here = 0  # completions of this run (not from the journal), for rates
@@ -63,13 +63,13 @@ class Tally:
 
     def skip(self, prompt_id: str, prompt_tokens: int, reason: str, detail: str) -> None:
         """Record a prompt that is not sent, and why."""
-        self.finish({"id": prompt_id, "status": SKIPPED, "reason": reason, "detail": detail,
-                     "prompt_tokens": prompt_tokens})
+        self.finish({"id": prompt_id, "status": PromptStatus.SKIPPED, "reason": reason,
+                     "detail": detail, "prompt_tokens": prompt_tokens})
 
     def fail(self, prompt_id: str, result: c.ChatResult, attempts: int) -> None:
         """Record a failed prompt (a retryable reason is final for this run only)."""
         self.finish({
-            "id": prompt_id, "status": FAILED, "reason": result.error_kind,
+            "id": prompt_id, "status": PromptStatus.FAILED, "reason": result.error_kind,
             "detail": result.error, "server": result.server, "http_status": result.status,
             "attempts": attempts,
         })
@@ -84,7 +84,7 @@ class Tally:
         # The prompt (messages, metadata) is already in the prompt shard; the journal keeps
         # only what generation added, and the output joins the two.
         self.finish({
-            "id": prompt["id"], "source": prompt.get("source"), "status": COMPLETED,
+            "id": prompt["id"], "source": prompt.get("source"), "status": PromptStatus.COMPLETED,
             "text": result.text, "finish_reason": result.finish_reason,
             "matched_stop": result.matched_stop, "usage": result.usage,
             "model": result.model, "server": server, "server_version": server_version,
@@ -116,7 +116,7 @@ class Tally:
             "%.0f output tok/s | ETA %s | in flight %d | %d requests, retries %d%s | servers "
             "in rotation %d/%d, resting %d, ejected %d",
             self.shard_id, "done" if final else "progress", finished, total,
-            self.counts[COMPLETED], self.counts[SKIPPED], self.counts[FAILED], self.truncated,
+            *(self.counts[s] for s in PromptStatus), self.truncated,
             rate, self.output_tokens / elapsed, eta, in_flight, self.requests,
             sum(self.retries.values()), f" ({retries})" if retries else "",
             servers[ServerStatus.IN_ROTATION], sum(servers.values()),

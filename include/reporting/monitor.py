@@ -42,7 +42,7 @@ from typing import Any
 from cachetools import LRUCache, TTLCache
 
 from include.generation.journal import is_final, merge_lines
-from include.generation.outcome import COMPLETED, FAILED, SKIPPED
+from include.generation.outcome import PromptStatus
 from include.layout import (
     GENERATED_PREFIX,
     JOURNAL_PREFIX,
@@ -192,7 +192,7 @@ class RunMonitor:
                 part.status[rec["id"]] = rec.get("status", "")
                 if not is_final(rec):
                     part.retryable.add(rec["id"])
-                if rec.get("status") == COMPLETED:
+                if rec.get("status") == PromptStatus.COMPLETED:
                     if rec.get("finish_reason") == "length":
                         part.truncated.add(rec["id"])
                     finished_at = float((rec.get("timings") or {}).get("finished_at") or 0)
@@ -277,7 +277,8 @@ class RunMonitor:
                 if k.endswith(".jsonl"):
                     segments.append(k)
         generating = sorted(set(journals) - generated - tokenized)
-        counts = {COMPLETED: 0, "truncated": 0, SKIPPED: 0, FAILED: 0}
+        counts = {PromptStatus.COMPLETED: 0, "truncated": 0, PromptStatus.SKIPPED: 0,
+                  PromptStatus.FAILED: 0}
         finished: list[tuple[float, int]] = []
         spans: list[tuple[float, float, int]] = []
         servers_seen: dict[str, float] = {}
@@ -383,8 +384,10 @@ def _generated_facts(manifest: dict[str, Any]) -> tuple[dict[str, int], Any]:
     """Return a generated manifest's prompt outcomes and its generation span, if recorded
     (``(started_at, finished_at, output tokens)``; manifests before the span have none)."""
     c = manifest["counts"]
-    counts = {COMPLETED: c[COMPLETED], "truncated": int(manifest.get("truncated") or 0),
-              SKIPPED: c[SKIPPED], FAILED: c[FAILED]}
+    counts = {PromptStatus.COMPLETED: c[PromptStatus.COMPLETED],
+              "truncated": int(manifest.get("truncated") or 0),
+              PromptStatus.SKIPPED: c[PromptStatus.SKIPPED],
+              PromptStatus.FAILED: c[PromptStatus.FAILED]}
     g = manifest.get("generation") or {}
     span = None
     if g.get("started_at") and g.get("finished_at"):
