@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from include.conversations.chain import (
-    CONTEXT_EXHAUSTED,
     ChainState,
+    ConversationEnd,
     Message,
     history,
     new_messages,
@@ -75,6 +75,6 @@ def turn_budget(
     prompt = next_prompt_tokens(state, count, slack)
     budget = token_budget(prompt, context_length, cap, margin, min_completion)
     if budget.skip_reason is not None:
-        return TurnBudget(prompt, 0, CONTEXT_EXHAUSTED,
+        return TurnBudget(prompt, 0, ConversationEnd.CONTEXT_EXHAUSTED,
                           f"turn {len(state.turns)}: {budget.detail}")
     return TurnBudget(prompt, budget.max_tokens)

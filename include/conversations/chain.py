@@ -19,19 +19,24 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from include.conversations.tools import CALL_FORMATS, pair_calls
 
 Message = dict[str, str]
 
-COMPLETED = "completed"
-TOOL_CALL_DIVERGED = "tool_call_diverged"
-CONTEXT_EXHAUSTED = "context_exhausted"
-TRUNCATED = "truncated"
-FAILED = "failed"
-#: Why a conversation ended; every conversation ends with exactly one.
-END_REASONS = (COMPLETED, TOOL_CALL_DIVERGED, CONTEXT_EXHAUSTED, TRUNCATED, FAILED)
+
+
+class ConversationEnd(StrEnum):
+    """Why a conversation ended; every conversation ends with exactly one."""
+
+    COMPLETED = "completed"
+    TOOL_CALL_DIVERGED = "tool_call_diverged"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    TRUNCATED = "truncated"
+    FAILED = "failed"
+
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
@@ -157,7 +162,7 @@ def next_request(state: ChainState) -> list[Message] | End:
         return state.end
     appended = new_messages(state)
     if not appended:  # only a state built by hand gets here: after_turn ends it first
-        return End(COMPLETED)
+        return End(ConversationEnd.COMPLETED)
     return history(state) + appended
 
 
@@ -176,30 +181,34 @@ def after_turn(state: ChainState, result: TurnResult) -> ChainState:
         raise ValueError(f"{state.conversation_id}: no request was due")
     begin, stop, after = group
     if result.text is None or result.finish_reason not in ("stop", "length"):
-        return end_conversation(state, FAILED, f"turn {len(state.turns)}: no usable answer "
-                                               f"(finish_reason={result.finish_reason!r})")
+        return end_conversation(state, ConversationEnd.FAILED,
+                                f"turn {len(state.turns)}: no usable answer "
+                                f"(finish_reason={result.finish_reason!r})")
     parent = state.turns[-1].digest if state.turns else ROOT_DIGEST
     turn = Turn(len(state.turns), (begin, stop), result,
                 turn_digest(parent, (begin, stop), result.text))
     state = replace(state, next_index=after, turns=(*state.turns, turn))
     if result.finish_reason == "length":
-        return replace(state, end=End(TRUNCATED, f"turn {turn.index} hit max_tokens"))
+        return replace(state, end=End(ConversationEnd.TRUNCATED,
+                                      f"turn {turn.index} hit max_tokens"))
     following = _group(state.source, after)
     if following is None:
-        return replace(state, end=End(COMPLETED))
+        return replace(state, end=End(ConversationEnd.COMPLETED))
     original = "\n".join(m["content"] for m in state.source[stop:after])
     pairing = pair_calls(original, result.text, state.call_format,
                          results_follow=state.source[after]["role"] == "tool")
     if not pairing.paired:
-        return replace(state, end=End(TOOL_CALL_DIVERGED, f"turn {turn.index}: {pairing.detail}"))
+        return replace(state, end=End(ConversationEnd.TOOL_CALL_DIVERGED,
+                                      f"turn {turn.index}: {pairing.detail}"))
     return state
 
 
 def end_conversation(state: ChainState, reason: str, detail: str = "") -> ChainState:
     """Return the state ended for ``reason`` after its last turn (the engine's verdicts:
     ``failed`` after the retries, ``context_exhausted`` from ``budget.turn_budget``)."""
-    if reason not in END_REASONS:
-        raise ValueError(f"unknown end reason {reason!r}; one of {END_REASONS}")
+    if reason not in set(ConversationEnd):
+        raise ValueError(f"unknown end reason {reason!r}; "
+                         f"one of {', '.join(map(str, ConversationEnd))}")
     if state.end is not None:
         raise ValueError(f"{state.conversation_id}: ended already ({state.end.reason})")
     return replace(state, end=End(reason, detail))
@@ -217,6 +226,6 @@ def turns_left(state: ChainState) -> int:
 
 def count_ends(states: Iterable[ChainState]) -> collections.Counter[str]:
     """Return how many conversations ended for each reason (every reason present)."""
-    counts = collections.Counter(dict.fromkeys(END_REASONS, 0))
+    counts = collections.Counter(dict.fromkeys(map(str, ConversationEnd), 0))
     counts.update(s.end.reason for s in states if s.end is not None)
     return counts

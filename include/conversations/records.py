@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from include.conversations.chain import CONTEXT_EXHAUSTED, FAILED, ChainState
+from include.conversations.chain import ChainState, ConversationEnd
+from include.generation.outcome import PromptStatus
 
 #: A record's ``status`` (the generation outcome names).
-COMPLETED_STATUS, SKIPPED_STATUS, FAILED_STATUS = "completed", "skipped", "failed"
 
 
 def turn_results(state: ChainState, extra: Sequence[Mapping[str, Any]] = ()) -> list[dict]:
@@ -52,9 +52,10 @@ def conversation_record(state: ChainState, prompt: Mapping[str, Any],
             "call_format": state.call_format, "end": end, **fields}
     if state.turns:
         last = state.turns[-1].result
-        return {**base, "status": COMPLETED_STATUS, "finish_reason": last.finish_reason,
+        return {**base, "status": PromptStatus.COMPLETED, "finish_reason": last.finish_reason,
                 "turn_results": turn_results(state, extra)}
-    status = SKIPPED_STATUS if state.end.reason == CONTEXT_EXHAUSTED else FAILED_STATUS
-    reason = "prompt_too_long" if status == SKIPPED_STATUS else (fields.get("reason") or FAILED)
+    exhausted = state.end.reason == ConversationEnd.CONTEXT_EXHAUSTED
+    status = PromptStatus.SKIPPED if exhausted else PromptStatus.FAILED
+    reason = "prompt_too_long" if exhausted else (fields.get("reason") or ConversationEnd.FAILED)
     return {**base, "status": status, "reason": reason, "detail": state.end.detail,
             "turn_results": []}

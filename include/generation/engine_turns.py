@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from include.conversations import chain
 from include.generation import client as c
 from include.generation.pool import ServerState
 from include.sglang.length import token_budget
@@ -65,7 +66,7 @@ class ConversationSteps:
 
     def _turn_failed(self, item: Any, result: c.ChatResult) -> None:
         assert self.conv is not None
-        self.conv.end(item.record["id"], "failed",
+        self.conv.end(item.record["id"], chain.ConversationEnd.FAILED,
                       f"{result.error_kind} on {result.server} (HTTP {result.status}): "
                       f"{result.error[:300]}")
         self._finish_conversation(item, failure=result)
@@ -76,7 +77,7 @@ class ConversationSteps:
                               self.cfg.context_margin, self.cfg.min_completion_tokens)
         if budget.skip_reason:
             assert self.conv is not None
-            self.conv.end(item.record["id"], "context_exhausted",
+            self.conv.end(item.record["id"], chain.ConversationEnd.CONTEXT_EXHAUSTED,
                           budget.detail + " (server's count)")
             self._finish_conversation(item)
             return

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from include.conversations.chain import END_REASONS
+from include.conversations.chain import ConversationEnd
 from include.quality import QUALITY_FILTERS
 from include.reporting.collect import ShardFacts, source_of
 from include.tokenization.outputs import length_stats
@@ -183,7 +183,7 @@ def conversation_figures(shards: list[ShardFacts]) -> dict[str, Any] | None:
         kept_apart.update(c.get("kept_apart") or {})
         ends.update(c.get("ends") or {})
     # Every known end reason shown, 0 included: "none failed" is worth reading.
-    end_counts = {r: ends.get(r, 0) for r in END_REASONS}
+    end_counts = {str(r): ends.get(r, 0) for r in ConversationEnd}
     end_counts.update({r: n for r, n in sorted(ends.items()) if r not in end_counts})
     return {
         **{k: sum(int(c.get(k) or 0) for c in found)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from include.conversations.chain import END_REASONS
+from include.conversations.chain import ConversationEnd
 from include.settings.deployment import bundled_catalogue
 from scripts.deploy import DAG_ID, WORKERS, Tier
 from scripts.deploy_api import AirflowApi, unix_time
@@ -136,7 +136,8 @@ def test_a_worker_killed_mid_generate_is_retried_on_the_other_worker(
             indices = [t["index"] for t in rec["turn_results"]]
             assert indices == list(range(len(indices))), (rec["id"], indices)
             assert (rec["status"] == "completed") == bool(indices), rec["id"]
-            assert rec["end"]["reason"] in END_REASONS and not rec["end"].get("retryable"), rec
+            assert rec["end"]["reason"] in set(ConversationEnd), rec
+            assert not rec["end"].get("retryable"), rec
         # Every finished turn was journaled once, by the killed try or by its retry.
         turns = [r for _, r in found["journal"] if r.get("kind") == "conversation_turn"]
         journaled = Counter((r["conversation_id"], r["turn"]) for r in turns)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from include.conversations import chain
 from include.conversations.budget import next_prompt_tokens, turn_budget
-from include.conversations.chain import start
+from include.conversations.chain import ConversationEnd, start
 from tests.unit.conversations.dialogues import IntServer, chat, count_tokens, drive
 
 LIMITS = {"context_length": 200, "cap": 64, "margin": 16, "min_completion": 8}
@@ -48,7 +48,7 @@ def test_a_turn_that_cannot_fit_ends_the_conversation_as_context_exhausted() -> 
     server = IntServer()
     state = drive(start("c", chat(4)), [" ".join(["word"] * 80)] * 2, server)
     budget = turn_budget(state, count_tokens, **LIMITS)
-    assert budget.end_reason == chain.CONTEXT_EXHAUSTED
+    assert budget.end_reason == ConversationEnd.CONTEXT_EXHAUSTED
     assert budget.max_tokens == 0 and "turn 2" in budget.detail
     ended = chain.end_conversation(state, budget.end_reason, budget.detail)
-    assert ended.end.reason == chain.CONTEXT_EXHAUSTED and len(ended.turns) == 2
+    assert ended.end.reason == ConversationEnd.CONTEXT_EXHAUSTED and len(ended.turns) == 2

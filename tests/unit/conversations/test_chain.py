@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from include.conversations import chain
-from include.conversations.chain import End, after_turn, next_request, start
+from include.conversations.chain import ConversationEnd, End, after_turn, next_request, start
 from tests.unit.conversations.dialogues import (
     IntServer,
     call,
@@ -22,7 +22,7 @@ def test_a_chat_of_n_turns_is_n_requests_each_on_the_targets_own_history(turns: 
     server = IntServer()
     answers = [f"<think>\nplan {k}\n</think>\n\nmy answer {k}" for k in range(turns)]
     state = drive(start("c1", chat(turns)), answers, server)
-    assert state.end == End(chain.COMPLETED)
+    assert state.end == End(ConversationEnd.COMPLETED)
     assert len(state.turns) == turns == len(server.sent)
     for k, sent in enumerate(server.sent):
         assert sent[0] == {"role": "system", "content": "You are a helpful assistant."}
@@ -30,7 +30,7 @@ def test_a_chat_of_n_turns_is_n_requests_each_on_the_targets_own_history(turns: 
         # The target's own earlier answers, raw (thinking in), never the dataset's.
         assert [m["content"] for m in sent if m["role"] == "assistant"] == answers[:k]
     assert chain.history(state)[-1] == {"role": "assistant", "content": answers[-1]}
-    assert next_request(state) == End(chain.COMPLETED)
+    assert next_request(state) == End(ConversationEnd.COMPLETED)
 
 
 def test_each_request_extends_the_previous_one_exactly() -> None:
@@ -45,7 +45,7 @@ def test_parallel_calls_that_match_bring_both_tool_results() -> None:
     server = IntServer()
     state = drive(start("h", hermes_parallel()), [PARALLEL, "Sunny, 09:30.", "That is all."],
                   server)
-    assert state.end == End(chain.COMPLETED)
+    assert state.end == End(ConversationEnd.COMPLETED)
     assert len(state.turns) == 3
     second = server.sent[1]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "tool"]
@@ -55,7 +55,7 @@ def test_parallel_calls_that_match_bring_both_tool_results() -> None:
 
 def test_a_missing_call_ends_the_conversation_after_that_turn() -> None:
     state = drive(start("h", hermes_parallel()), [call("get_weather", city="Paris"), "unused"])
-    assert state.end is not None and state.end.reason == chain.TOOL_CALL_DIVERGED
+    assert state.end is not None and state.end.reason == ConversationEnd.TOOL_CALL_DIVERGED
     assert "turn 0" in state.end.detail
     assert len(state.turns) == 1
     assert chain.history(state)[-1]["role"] == "assistant"  # no tool result without its call
@@ -63,7 +63,7 @@ def test_a_missing_call_ends_the_conversation_after_that_turn() -> None:
 
 def test_a_call_where_the_dataset_has_a_user_turn_diverges() -> None:
     state = drive(start("c", chat(3)), [call("search", q="sql"), "unused"])
-    assert (state.end.reason, len(state.turns)) == (chain.TOOL_CALL_DIVERGED, 1)
+    assert (state.end.reason, len(state.turns)) == (ConversationEnd.TOOL_CALL_DIVERGED, 1)
 
 
 def test_a_tool_result_after_an_original_turn_without_a_call_never_follows() -> None:
@@ -74,13 +74,13 @@ def test_a_tool_result_after_an_original_turn_without_a_call_never_follows() -> 
                     {"role": "tool", "content": "sunny"},
                     {"role": "assistant", "content": "It is sunny."}]
         state = drive(start("t", messages), ["I will check.", "unused"])
-        assert (state.end.reason, len(state.turns)) == (chain.TOOL_CALL_DIVERGED, 1)
+        assert (state.end.reason, len(state.turns)) == (ConversationEnd.TOOL_CALL_DIVERGED, 1)
 
 
 def test_a_call_on_the_last_turn_still_completes() -> None:
     # Nothing follows it, so nothing has to pair with it.
     state = drive(start("c", chat(2)), ["fine", call("search", q="x")])
-    assert (state.end.reason, len(state.turns)) == (chain.COMPLETED, 2)
+    assert (state.end.reason, len(state.turns)) == (ConversationEnd.COMPLETED, 2)
 
 
 def test_a_truncated_turn_ends_the_conversation_and_is_kept() -> None:
@@ -88,14 +88,14 @@ def test_a_truncated_turn_ends_the_conversation_and_is_kept() -> None:
     state = start("c", chat(3))
     state = after_turn(state, server.answer(next_request(state), "one"))
     state = after_turn(state, server.answer(next_request(state), "cut off", finish="length"))
-    assert (state.end.reason, len(state.turns)) == (chain.TRUNCATED, 2)
+    assert (state.end.reason, len(state.turns)) == (ConversationEnd.TRUNCATED, 2)
     assert state.turns[-1].result.finish_reason == "length"
 
 
 def test_a_failed_first_turn_leaves_no_turns() -> None:
-    state = chain.end_conversation(start("c", chat(3)), chain.FAILED, "timeout x3")
-    assert (state.end, state.turns, chain.history(state)) == (End(chain.FAILED, "timeout x3"),
-                                                              (), [])
+    state = chain.end_conversation(start("c", chat(3)), ConversationEnd.FAILED, "timeout x3")
+    assert (state.end, state.turns, chain.history(state)) == (
+        End(ConversationEnd.FAILED, "timeout x3"), (), [])
 
 
 @pytest.mark.parametrize("result", [chain.TurnResult(None, "stop"),
@@ -104,20 +104,20 @@ def test_an_unusable_first_answer_fails_the_conversation_with_no_turns(
     result: chain.TurnResult,
 ) -> None:
     state = after_turn(start("c", chat(2)), result)
-    assert (state.end.reason, state.turns) == (chain.FAILED, ())
+    assert (state.end.reason, state.turns) == (ConversationEnd.FAILED, ())
 
 
 def test_a_later_failure_ends_on_the_targets_last_turn() -> None:
     state = drive(start("c", chat(3)), ["one"])
     state = after_turn(state, chain.TurnResult(None, "abort"))
-    assert state.end.reason == chain.FAILED and len(state.turns) == 1
+    assert state.end.reason == ConversationEnd.FAILED and len(state.turns) == 1
     assert chain.history(state)[-1] == {"role": "assistant", "content": "one"}
 
 
 def test_context_exhausted_is_an_end_the_engine_gives() -> None:
     state = drive(start("c", chat(3)), ["one"])
-    state = chain.end_conversation(state, chain.CONTEXT_EXHAUSTED, "no room")
-    assert next_request(state) == End(chain.CONTEXT_EXHAUSTED, "no room")
+    state = chain.end_conversation(state, ConversationEnd.CONTEXT_EXHAUSTED, "no room")
+    assert next_request(state) == End(ConversationEnd.CONTEXT_EXHAUSTED, "no room")
 
 
 def test_ended_conversations_take_no_more_turns_or_ends() -> None:
@@ -125,7 +125,7 @@ def test_ended_conversations_take_no_more_turns_or_ends() -> None:
     with pytest.raises(ValueError, match="ended"):
         after_turn(state, IntServer().answer([], "again"))
     with pytest.raises(ValueError, match="ended already"):
-        chain.end_conversation(state, chain.FAILED)
+        chain.end_conversation(state, ConversationEnd.FAILED)
     with pytest.raises(ValueError, match="unknown end reason"):
         chain.end_conversation(start("c", chat(1)), "bored")
 
@@ -135,12 +135,13 @@ def test_ends_are_counted_by_reason() -> None:
         drive(start("a", chat(2)), ["x", "y"]),
         drive(start("b", chat(2)), ["x", "y"]),
         drive(start("c", hermes_parallel()), ["no call"]),
-        chain.end_conversation(start("d", chat(2)), chain.FAILED),
+        chain.end_conversation(start("d", chat(2)), ConversationEnd.FAILED),
         drive(start("e", chat(2)), ["x"]),  # still running: not counted
     ]
     counts = chain.count_ends(states)
-    assert counts == {chain.COMPLETED: 2, chain.TOOL_CALL_DIVERGED: 1, chain.FAILED: 1,
-                      chain.TRUNCATED: 0, chain.CONTEXT_EXHAUSTED: 0}
+    assert counts == {ConversationEnd.COMPLETED: 2, ConversationEnd.TOOL_CALL_DIVERGED: 1,
+                      ConversationEnd.FAILED: 1, ConversationEnd.TRUNCATED: 0,
+                      ConversationEnd.CONTEXT_EXHAUSTED: 0}
 
 
 def test_agent_observations_follow_only_the_same_action() -> None:
@@ -154,9 +155,9 @@ def test_agent_observations_follow_only_the_same_action() -> None:
     ]
     same = drive(start("a", agent, "agent_action"),
                  ["Sure.", "Think: count.\nAct: bash\n```bash\nls | wc -l\n```", "Act: finish"])
-    assert (same.end.reason, len(same.turns)) == (chain.COMPLETED, 3)
+    assert (same.end.reason, len(same.turns)) == (ConversationEnd.COMPLETED, 3)
     other = drive(start("a", agent, "agent_action"), ["Sure.", "Act: bash\n```bash\nls\n```"])
-    assert (other.end.reason, len(other.turns)) == (chain.TOOL_CALL_DIVERGED, 2)
+    assert (other.end.reason, len(other.turns)) == (ConversationEnd.TOOL_CALL_DIVERGED, 2)
 
 
 def test_a_one_line_fenced_command_is_not_followed_by_the_datasets_observation() -> None:
@@ -173,7 +174,7 @@ def test_a_one_line_fenced_command_is_not_followed_by_the_datasets_observation()
     server = IntServer()
     state = drive(start("os", agent, "agent_action"),
                   ["OK.", "Act: bash\n\n```ls /etc | wc -l```", "Act: finish"], server)
-    assert (state.end.reason, len(state.turns)) == (chain.TOOL_CALL_DIVERGED, 2)
+    assert (state.end.reason, len(state.turns)) == (ConversationEnd.TOOL_CALL_DIVERGED, 2)
     assert "ls /etc | wc -l" in state.end.detail
     assert not any(m["content"].startswith("The output of the OS") for sent in server.sent
                    for m in sent)
@@ -210,7 +211,7 @@ def test_the_ends_the_run_reports_are_the_ends_of_what_was_sent() -> None:
     observed = [sent[-1]["content"].startswith("The output of the OS") for sent in server.sent]
     assert sum(observed) == 3  # no observation after the command the target ran itself
     _, found = explode([engine.final_record(p) for p in prompts])
-    as_sent = {chain.COMPLETED: 3, chain.TOOL_CALL_DIVERGED: 1}
+    as_sent = {ConversationEnd.COMPLETED: 3, ConversationEnd.TOOL_CALL_DIVERGED: 1}
     assert {k: v for k, v in engine.summary()["ends"].items() if v} == as_sent
     assert dict(found.ends) == as_sent
 
@@ -229,7 +230,7 @@ def test_consecutive_dataset_turns_are_sent_together() -> None:
 
 def test_trailing_original_turns_after_the_last_user_are_not_answered() -> None:
     state = drive(start("c", [*chat(1), {"role": "system", "content": "bye"}]), ["one", "two"])
-    assert (state.end.reason, len(state.turns)) == (chain.COMPLETED, 1)
+    assert (state.end.reason, len(state.turns)) == (ConversationEnd.COMPLETED, 1)
 
 
 @pytest.mark.parametrize("messages", [

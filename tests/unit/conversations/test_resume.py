@@ -7,7 +7,7 @@ import json
 import pytest
 
 from include.conversations import chain
-from include.conversations.chain import after_turn, next_request, start
+from include.conversations.chain import ConversationEnd, after_turn, next_request, start
 from include.conversations.resume import ResumeError, resume, turn_record
 from tests.unit.conversations.dialogues import IntServer, chat, hermes_parallel
 
@@ -41,9 +41,9 @@ def test_a_retry_continues_each_conversation_at_its_next_turn() -> None:
 def test_a_finished_conversation_resumes_finished() -> None:
     same_calls = hermes_parallel()[2]["content"]
     done, records = journaled(start("h", hermes_parallel()), [same_calls, "Sunny.", "All."])
-    assert done.end == chain.End(chain.COMPLETED)
+    assert done.end == chain.End(ConversationEnd.COMPLETED)
     assert resume(records, starts(start("h", hermes_parallel())))["h"] == done
-    assert records[-1]["end"] == {"reason": chain.COMPLETED, "detail": ""}
+    assert records[-1]["end"] == {"reason": ConversationEnd.COMPLETED, "detail": ""}
 
 
 def test_a_duplicated_turn_record_is_taken_once() -> None:
@@ -107,7 +107,7 @@ def test_a_journal_that_paired_a_command_the_dataset_never_ran_is_not_continued(
              {"role": "assistant", "content": "Act: finish"}]
     fresh = start("os", agent, "agent_action")
     ended, records = journaled(fresh, ["OK.", "Act: bash\n\n```ls /etc | wc -l```"])
-    assert ended.end.reason == chain.TOOL_CALL_DIVERGED
+    assert ended.end.reason == ConversationEnd.TOOL_CALL_DIVERGED
     later = {**records[1], "turn": 2, "parent": records[1]["digest"], "inputs": [4, 5],
              "next_index": 6, "text": "Act: finish", "end": {"reason": "completed"},
              "digest": chain.turn_digest(records[1]["digest"], (4, 5), "Act: finish")}

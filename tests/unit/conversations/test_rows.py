@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from include.conversations import chain
-from include.conversations.chain import start
+from include.conversations.chain import ConversationEnd, start
 from include.conversations.rows import (
     NoServerIds,
     Row,
@@ -158,5 +158,5 @@ def test_turns_without_server_ids_cannot_make_exact_rows() -> None:
 
 
 def test_no_turns_no_conversation_row() -> None:
-    result = conversation_row(chain.end_conversation(start("c", chat(1)), chain.FAILED))
+    result = conversation_row(chain.end_conversation(start("c", chat(1)), ConversationEnd.FAILED))
     assert isinstance(result, Stability) and not result.stable and result.turn is None
