@@ -252,6 +252,19 @@ def task_seconds(tis: list[dict[str, Any]], task_id: str) -> list[float]:
             if t["task_id"] == task_id and t["state"] == "success"]
 
 
+def task_costs(tier: Tier, api: AirflowApi, run_id: str, tis: list[dict[str, Any]],
+               max_active: int) -> dict[str, float]:
+    """The medians between and inside the shard tasks (``bench_deployment.gap_parts``)."""
+    gaps, generating = gap_parts(tier, api, run_id, max_active)
+    out = {f"median_{k}_s": round(v, 2) for k, v in gaps.items()}
+    out["generating_share"] = round(generating, 4)
+    for task in ("shard.generate", "shard.upload", "shard.tokenize", "report"):
+        secs = task_seconds(tis, task)
+        if secs:
+            out[f"median_{task.split('.')[-1]}_task_s"] = round(statistics.median(secs), 2)
+    return out
+
+
 def outcome_checks(faults: FaultSchedule, tis: list[dict[str, Any]]) -> None:
     """Say, per fault, whether the run came through it (from the task instances)."""
     worker = faults.outcomes.get("worker_killed", {})
@@ -346,23 +359,25 @@ def main(argv: list[str] | None = None) -> int:
         out.update({"state": state_main, "backfill_state": state_backfill,
                     "shards": len(plan), "plan_xcom_bytes": len(json.dumps(plan)),
                     "faults": faults.outcomes, "fault_error": faults.error})
-        out.update(count_published(s3, "rehearsal", plan))
-        out.update({k: round(v, 4) for k, v in busy_share(sampler.latest).items()})
-        gaps, generating = gap_parts(tier, api, run_id, args.max_active_shards)
-        out.update({f"median_{k}_s": round(v, 2) for k, v in gaps.items()})
-        out["generating_share"] = round(generating, 4)
-        for task in ("shard.generate", "shard.upload", "shard.tokenize", "report"):
-            secs = task_seconds(tis, task)
-            if secs:
-                out[f"median_{task.split('.')[-1]}_task_s"] = round(statistics.median(secs), 2)
-        out.update(reporting_costs(tier, conf, plan))
+        # Each measurement on its own: one that fails (an import broken mid-edit) is named
+        # in the JSON line instead of taking the others with it.
+        for name, measure in (
+                ("published", lambda: count_published(s3, "rehearsal", plan)),
+                ("busy", lambda: {k: round(v, 4) for k, v in busy_share(sampler.latest).items()}),
+                ("gaps", lambda: task_costs(tier, api, run_id, tis, args.max_active_shards)),
+                ("reporting", lambda: reporting_costs(tier, conf, plan))):
+            try:
+                out.update(measure())
+            except Exception as exc:  # noqa: BLE001 - reported, the others still measured
+                out.setdefault("measure_errors", {})[name] = f"{type(exc).__name__}: {exc}"
     finally:
         tier.down(log=log)
         remove_database(tier)
         if args.keep is None:
             shutil.rmtree(state, ignore_errors=True)
-    out["peak_rss_mib"] = memory.peaks()
-    out["bench_seconds"] = round(time.monotonic() - t_all, 1)
+        out["peak_rss_mib"] = memory.peaks()
+        out["bench_seconds"] = round(time.monotonic() - t_all, 1)
+        print(json.dumps(out), file=sys.stderr)  # whatever was measured, even on a failure
     print(f"shards {out.get('shards')} prompts {out.get('prompts')} lost {out.get('lost')} "
           f"duplicated {out.get('duplicated')} turns {out.get('turns')} (repeated "
           f"{out.get('turns_duplicated')}, missing {out.get('turns_missing')}) busy "
@@ -371,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {fault}: {what}")
     print(json.dumps(out))
     ok = (out.get("state") == "success" and out.get("lost") == 0
-          and out.get("duplicated") == 0 and not out.get("fault_error"))
+          and out.get("duplicated") == 0 and not out.get("fault_error")
+          and not out.get("measure_errors"))
     return 0 if ok else 1
 
 
