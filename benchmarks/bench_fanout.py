@@ -26,7 +26,7 @@ from pathlib import Path
 from benchmarks.common import Sampler, bench_settings, realistic_prompts, standin_fleet
 from include.generation.shard import generate_shard
 from include.layout import MANIFEST_KEY, shard_id, shard_key
-from include.pipeline.plan import stagger
+from include.pipeline.prepare_prompts import stagger
 from include.prompts.prepare import encode_record
 from include.settings import RunSettings
 from include.storage import LocalStore

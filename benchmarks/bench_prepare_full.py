@@ -6,9 +6,10 @@
 1. Writes the six sources in their published formats and layouts at ``--scale`` times their
    published rows and bytes (``synthetic_sources.scaled``), once, into
    ``<cache>/prepare-full-<scale>-<seed>/data``; later runs reuse it (9 GB take minutes).
-2. ``ours``, in a child process: the prepare task's body, ``include.pipeline.plan.plan_run``
-   (``prepare_prompts``, then the shard plan), with ``AIRFLOW__CORE__MAX_MAP_LENGTH`` raised
-   as the plan's own message asks when a run maps more shards than Airflow's default 1,024.
+2. ``ours``, in a child process: the prepare task's body,
+   ``include.pipeline.prepare_prompts.plan_run`` (``prepare_prompts``, then the shard plan),
+   with ``AIRFLOW__CORE__MAX_MAP_LENGTH`` raised as the plan's own message asks when a run
+   maps more shards than Airflow's default 1,024.
    Afterwards the plan's check is run again at the default limit, to show what a run hears.
 3. ``baseline``, in another child: the straightforward pandas job (``read_parquet`` /
    ``read_json`` per file, the prompt column, ``drop_duplicates`` across all sources, a seeded
@@ -52,7 +53,7 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     from benchmarks.common import bench_settings
     from include.pipeline.airflow_state import max_map_length
-    from include.pipeline.plan import check_map_length, plan_run
+    from include.pipeline.prepare_prompts import check_map_length, plan_run
     from include.settings import SettingsError
 
     logging.basicConfig(level=logging.WARNING)

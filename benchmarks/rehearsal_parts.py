@@ -1,7 +1,7 @@
 """The rehearsal's parts that run alone at the planned size (``bench_rehearsal --parts``).
 
 In a child process (its peak memory is its own): the prepare task's body
-(``include.pipeline.plan.plan_run``) over the rehearsal's synthetic sources into a local
+(``include.pipeline.prepare_prompts.plan_run``) over the rehearsal's synthetic sources into a local
 output root (time, peak RSS, the plan's XCom size in bytes and per shard), then one run
 monitor refresh over that run folder (``RunMonitor.live_runs``, no cache: time, Python peak
 memory), as the monitor sees a run whose shards are all planned.
@@ -31,7 +31,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from benchmarks.common import bench_settings
     from include.pipeline.airflow_state import max_map_length
-    from include.pipeline.plan import plan_run
+    from include.pipeline.prepare_prompts import plan_run
     from include.reporting.monitor import RunMonitor
     from include.storage import LocalStore
 

@@ -114,7 +114,7 @@ def regenerate_drafter_data() -> None:
     @task(retries=0, execution_timeout=timedelta(minutes=10))
     def check_settings(params: dict | None = None) -> None:
         """Fail before any work if a setting is wrong; log the resolved settings."""
-        from include.pipeline.check import run
+        from include.pipeline.check_settings import run
 
         run(params)
 
@@ -124,7 +124,7 @@ def regenerate_drafter_data() -> None:
 
         Returns one ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run.
         """
-        from include.pipeline.plan import run
+        from include.pipeline.prepare_prompts import run
 
         return run(params, run_id, MAX_ACTIVE_SHARDS)
 
@@ -132,14 +132,14 @@ def regenerate_drafter_data() -> None:
     def launch_servers(plan: list[dict], params: dict | None = None,
                        run_id: str | None = None) -> dict:
         """Start (or reuse) one server per GPU if a shard is left; return what was started."""
-        from include.pipeline.launch import run
+        from include.pipeline.launch_servers import run
 
         return run(plan, params, DAG_ID, run_id)
 
     @task
     def health_targets(report: dict, params: dict | None = None) -> list[dict]:
         """Fail on servers that cannot serve this run; return each server's identifier."""
-        from include.pipeline.targets import run
+        from include.pipeline.health_targets import run
 
         return run(report, params)
 
@@ -210,7 +210,7 @@ def regenerate_drafter_data() -> None:
         Commands run on the deployment's own servers with its own SSH connections and command
         prefixes, and release this run's lease (named from its run id): XCom says only which.
         """
-        from include.pipeline.teardown import run
+        from include.pipeline.stop_servers import run
 
         run(report, params, DAG_ID, run_id)
 

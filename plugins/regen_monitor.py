@@ -52,7 +52,7 @@ def output_root() -> str:
 @cache
 def _monitor() -> Any:
     from include.reporting.monitor import RunMonitor
-    from include.servers.report import server_addresses
+    from include.servers.launch_report import server_addresses
     from include.settings import DeploymentSettings
     from include.storage import open_store
 

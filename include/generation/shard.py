@@ -30,7 +30,7 @@ from include.generation.startup import PromptCounter
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
 from include.settings import RunSettings
-from include.settings.checks import (
+from include.settings.validation import (
     check_shard_journal,
     record_shard_settings,
     regeneration_reason,
@@ -60,8 +60,8 @@ def generate_shard(
     prompt shards are (default: ``store``). A shard whose output manifest exists is done and
     is not run again. Otherwise the engine resumes from the journal in ``store``, so a retry
     on any worker picks up where the last try stopped. ``wait_for`` (``{"shard_id",
-    "fraction"}``, see ``include.pipeline.plan.stagger``) delays the start until that shard
-    has finished that share of its prompts. With ``run_id`` (every Airflow try), the try
+    "fraction"}``, see ``include.pipeline.prepare_prompts.stagger``) delays the start until
+    that shard has finished that share of its prompts. With ``run_id`` (every Airflow try), the try
     first takes the shard's lease (``include.generation.claims``; ``is_live`` says whether
     another run may still publish, ``lease_ttl_s`` is how soon a dead try's lease expires),
     renews it while it generates, stops with LeaseLost if it loses it, and returns the lease

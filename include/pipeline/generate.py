@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
-from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 from include.reporting.airflow_runs import PLAN_TASK
 
 
@@ -27,8 +27,8 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     no slot.
     """
     from include.generation import shard
-    from include.servers.report import XComMismatchError, trusted_urls
-    from include.settings.checks import JournalSettingsError
+    from include.servers.launch_report import XComMismatchError, trusted_urls
+    from include.settings.validation import JournalSettingsError
 
     settings = bind(params)
     with fail_without_retry(XComMismatchError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, fail_without_retry, open_run_store
+from include.pipeline.binding import bind, fail_without_retry, open_run_store
 
 
 def run(report: dict[str, Any], plan: list[dict[str, Any]],
@@ -14,8 +14,8 @@ def run(report: dict[str, Any], plan: list[dict[str, Any]],
     """The preflight task: send the first planned shard's longest first request to every server;
     return the servers' identifiers (nothing is sent when no shard is left)."""
     from include.prompts import read_shard_by_id
-    from include.servers.preflight import preflight_run
-    from include.servers.report import LaunchReport, XComMismatchError
+    from include.servers.first_requests import preflight_run
+    from include.servers.launch_report import LaunchReport, XComMismatchError
 
     settings = bind(params)
     with fail_without_retry(XComMismatchError):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.layout import MANIFEST_KEY, shard_id
-from include.pipeline.run import bind, fail_without_retry, open_run_store, outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, open_run_store, outputs_uri
 from include.reporting.asset import (
     DATASET_ALIAS,
     asset_event_extra,
@@ -33,8 +33,8 @@ def report_run(settings: RunSettings, produced: list[str], run_id: str,
     one the shards' generated manifests agree on. Never raises for a broken gate (see
     ``raise_for_gates``).
     """
+    from include.reporting.build import build_report
     from include.reporting.collect import read_json
-    from include.reporting.report import build_report
 
     run_store = open_run_store(settings)
     manifest = read_json(run_store, MANIFEST_KEY)
@@ -77,7 +77,7 @@ def run(plan: list[dict[str, Any]], launched: dict[str, Any] | None,
     """The report task: write the report; fail (no retry) on a broken quality gate, else
     update the dataset asset; return the summary."""
     from include.reporting.gates import QualityGateError, raise_for_gates
-    from include.servers.report import LaunchReport, XComMismatchError
+    from include.servers.launch_report import LaunchReport, XComMismatchError
 
     settings = bind(params)
     if launched:  # read back through the settings: the report shows no edited XCom fact

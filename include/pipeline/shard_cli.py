@@ -20,8 +20,8 @@ from typing import TextIO
 
 from include.generation.engine import GenerationError
 from include.generation.shard import generate_shard
-from include.pipeline.check import check_settings
-from include.pipeline.run import open_run_store
+from include.pipeline.binding import open_run_store
+from include.pipeline.check_settings import check_settings
 from include.settings import SettingsError
 from include.storage import StoreError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 
 
 def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None,
@@ -13,7 +13,7 @@ def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None,
     """The tokenize task: tokenize the shard, token by token against the server's ids;
     return the shard id. The outputs are where the run's settings and ``run_id`` put them:
     ``outputs_uri`` (XCom) is only compared."""
-    from include.servers.report import XComMismatchError
+    from include.servers.launch_report import XComMismatchError
     from include.tokenization.stage import tokenize_run_shard
 
     settings = bind(params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 
 
 def run(shard_id: str, generated: dict[str, Any], outputs_uri: str,
@@ -15,7 +15,7 @@ def run(shard_id: str, generated: dict[str, Any], outputs_uri: str,
     where the run's settings and ``run_id`` put them: ``outputs_uri`` (XCom) is only compared.
     """
     from include.generation.shard import publish_shard
-    from include.servers.report import XComMismatchError
+    from include.servers.launch_report import XComMismatchError
 
     settings = bind(params)
     with fail_without_retry(XComMismatchError):

@@ -7,7 +7,7 @@ overwritten and never silently mixed with other settings. ``shard_range`` then p
 and shards whose tokenized manifest already exists are reported complete and skipped, unless
 ``force_regenerate`` sends the selected shards to a new location under the run. The
 prepare task around it (stores, the stagger, Airflow's mapping limit) is
-``include.pipeline.plan``.
+``include.pipeline.prepare_prompts``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from include.prompts.rows import LengthCounter, SourceState, read_rows
 from include.prompts.schemas import KINDS, Kind, check_kind, detect_kind
 from include.prompts.turns import POLICIES
 from include.settings import RunSettings, SettingsError, SourceSettings
-from include.tokenization.tokenizer import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 
 log = logging.getLogger(__name__)
 

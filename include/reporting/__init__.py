@@ -17,8 +17,8 @@ _EXPORTS = {
     "QualityGateError": "include.reporting.gates",
     "QualityGates": "include.reporting.gates",
     "raise_for_gates": "include.reporting.gates",
-    "build_report": "include.reporting.report",
-    "format_summary": "include.reporting.report",
+    "build_report": "include.reporting.build",
+    "format_summary": "include.reporting.build",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,7 +1,7 @@
 """Read what a run wrote (manifests, journals, tokenized lengths) into compact per-shard facts.
 
 Only the files of the run are read, each for the figures it is the source of truth for (see
-``SOURCES_OF_TRUTH`` in ``include.reporting.report``). Journal records are reduced to the few
+``SOURCES_OF_TRUTH`` in ``include.reporting.build``). Journal records are reduced to the few
 fields the report needs as they are read, so a shard of long completions costs little memory.
 """
 

@@ -55,7 +55,7 @@ from include.layout import (
     TOKENIZED_PREFIX,
 )
 from include.reporting.airflow_runs import FILE_WORDS
-from include.servers.report import own_server_url
+from include.servers.launch_report import own_server_url
 from include.sglang import sync as sglang_sync
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
 from include.storage import LocalStore, S3Store, Store
@@ -66,7 +66,7 @@ DAG_ID = "regenerate_drafter_data"
 NOT_OURS = FILE_WORDS["not_ours"]
 #: Seconds of recent completions the tokens/s and ETA are computed over.
 RATE_WINDOW_S = 120.0
-#: What a run's report folder holds (see include/reporting/report.py), by extension, with its
+#: What a run's report folder holds (see include/reporting/build.py), by extension, with its
 #: media type: nothing else is served.
 REPORT_MEDIA_TYPES = {"html": "text/html", "md": "text/markdown", "json": "application/json",
                       "png": "image/png"}

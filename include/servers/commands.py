@@ -13,7 +13,7 @@ Each server owns a few files under ``server_log_dir`` on its host, named by port
 the server's ``--config`` YAML file (``server_config_yaml``, mode 0600).
 
 Where a server runs and how it is reached are deployment facts, rebuilt by ``server_specs``
-in every task; XCom carries only ``ServerSpec.ident`` (see ``include.servers.report``).
+in every task; XCom carries only ``ServerSpec.ident`` (see ``include.servers.launch_report``).
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from include.servers.checks import ModelExpectation, served_model_differences
 from include.servers.commands import ServerSpec, parse_fields
-from include.servers.report import Action, ServerOutcome
+from include.servers.expectations import ModelExpectation, served_model_differences
+from include.servers.launch_report import Action, ServerOutcome
 
 #: ``loading``: the pid file names a live server process whose port is closed. Real SGLang
 #: binds its port only after loading the weights and capturing CUDA graphs (minutes for a

@@ -24,7 +24,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from include.servers.checks import ModelExpectation, key_problems
 from include.servers.commands import (
     ServerSpec,
     build_launch_command,
@@ -45,21 +44,22 @@ from include.servers.decisions import (
     stop_verdict,
     stopped_meanwhile,
 )
+from include.servers.expectations import ModelExpectation, key_problems
 from include.servers.hosts import HostError, Runners, fetch_log_tail, run_on_host
-from include.servers.lifecycle import (
-    LOCK_WAIT_S,
-    build_acquire_command,
-    build_detached_command,
-    build_release_command,
-    build_status_command,
-)
-from include.servers.report import (
+from include.servers.launch_report import (
     Action,
     LaunchReport,
     ServerOutcome,
     StopError,
     StopReport,
     trusted_spec,
+)
+from include.servers.lifecycle import (
+    LOCK_WAIT_S,
+    build_acquire_command,
+    build_detached_command,
+    build_release_command,
+    build_status_command,
 )
 from include.sglang import sync as sglang
 

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 
-from include.servers.checks import ModelExpectation
-from include.servers.report import ident_address, trusted_spec
+from include.servers.expectations import ModelExpectation
+from include.servers.launch_report import ident_address, trusted_spec
 
 if TYPE_CHECKING:
     from include.servers.triggers import ServerHealthTrigger

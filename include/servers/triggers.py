@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from include.servers.checks import ModelExpectation, served_model_differences
 from include.servers.commands import ServerSpec, build_log_tail_command, parse_fields, redact
+from include.servers.expectations import ModelExpectation, served_model_differences
 from include.servers.hosts import run_once_on_host
 from include.servers.lifecycle import build_status_command
 from include.sglang import aio

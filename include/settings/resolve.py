@@ -1,7 +1,7 @@
 """Bind a trigger conf to the deployment: refuse what a run may not choose, resolve sources.
 
 Pure apart from reading the environment (deployment settings) and resolving local paths; the
-checks that open files or buckets are in ``include/settings/checks.py``. ``run.py`` calls it
+checks that open files or buckets are in ``include/settings/validation.py``. ``run.py`` calls it
 from ``RunSettings.from_mapping`` and passes the class in, so this module needs no import of
 ``run.py`` (no import circle).
 """

@@ -390,7 +390,7 @@ PREPARATION_SETTINGS = (
 
 #: Settings that shape a shard's completions: what each request asks the servers (model,
 #: sampling, each request's max_tokens, the turns answered). A shard's journal records their
-#: fingerprint (``include.settings.checks``), and a resume under other values is refused.
+#: fingerprint (``include.settings.validation``), and a resume under other values is refused.
 #: Not here: concurrency, timeouts, tokenization and quality gates (they change how fast or
 #: what is kept, not what the target samples). A setting added later goes here, with its
 #: neutral value in ``NEUTRAL_VALUES`` so earlier journals still match (as sampling_variants).

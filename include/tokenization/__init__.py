@@ -1,5 +1,11 @@
 """Tokenizer access shared by every stage, and the tokenization stage itself."""
 
+from include.target_tokenizer import (
+    TokenizerError,
+    count_prompt_tokens,
+    load_tokenizer,
+    render_prompts,
+)
 from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
@@ -11,12 +17,6 @@ from include.tokenization.outputs import (
     TokenizeResult,
 )
 from include.tokenization.stage import tokenize_shard
-from include.tokenization.tokenizer import (
-    TokenizerError,
-    count_prompt_tokens,
-    load_tokenizer,
-    render_prompts,
-)
 
 __all__ = [
     "DROP_REASONS",

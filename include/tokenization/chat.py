@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
-from include.tokenization.tokenizer import TokenizerError
+from include.target_tokenizer import TokenizerError
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

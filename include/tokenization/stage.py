@@ -15,6 +15,7 @@ from typing import Any
 
 from include.layout import generated_keys, pretokenized_key, shard_index, tokenized_keys
 from include.layout import shard_id as shard_name
+from include.target_tokenizer import load_tokenizer
 from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
@@ -25,7 +26,6 @@ from include.tokenization.outputs import (
     TokenizeResult,
     length_stats,
 )
-from include.tokenization.tokenizer import load_tokenizer
 
 # Importers elsewhere (the DAG's tasks, reporting, tests and benchmarks) import these names
 # from here.

@@ -40,7 +40,7 @@ DOWNSTREAM = {
 HEAVY = ("aiohttp", "transformers", "tokenizers", "huggingface_hub", "datasets", "pyarrow",
          "pandas", "numpy", "boto3", "botocore", "matplotlib", "paramiko", "asyncssh",
          "include.pipeline", "include.prompts", "include.generation", "include.storage",
-         "include.tokenization", "include.reporting.report", "include.servers.triggers")
+         "include.tokenization", "include.reporting.build", "include.servers.triggers")
 
 
 @pytest.fixture(scope="module")

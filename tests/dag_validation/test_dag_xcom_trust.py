@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from include.pipeline.run import outputs_uri
-from include.servers.checks import ModelExpectation
+from include.pipeline.binding import outputs_uri
 from include.servers.commands import server_specs
-from include.servers.report import Action, LaunchReport, ServerOutcome
+from include.servers.expectations import ModelExpectation
+from include.servers.launch_report import Action, LaunchReport, ServerOutcome
 from include.settings import RunSettings
 from tests.fixtures.settings import deployment_env
 

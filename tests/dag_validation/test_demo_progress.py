@@ -34,7 +34,7 @@ LOG = [
     "    from include.storage.base import copy_hashed",
     "ImportError: cannot import name 'copy_hashed' from 'include.storage.base'",
     f"{T} [info     ] run demo report: FAILED | 8 shards produced, 0 reused",
-    "  fail max_failure_rate: measured 0.5, at most 0.01 allowed [include.reporting.report] "
+    "  fail max_failure_rate: measured 0.5, at most 0.01 allowed [include.reporting.build] "
     "loc=report.py:344",
 ]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from include.generation.shard import generate_shard, publish_shard
-from include.pipeline.run import open_run_store
+from include.pipeline.binding import open_run_store
 from include.prompts.plan import prepare_or_reuse
 from include.settings import RunSettings
 from include.tokenization.stage import tokenize_run_shard

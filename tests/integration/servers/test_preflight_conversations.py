@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from include.generation.conversing import first_request
-from include.servers.preflight import preflight_run
+from include.servers.first_requests import preflight_run
 from include.tokenization import count_prompt_tokens, load_tokenizer
 from tests.fixtures.standins import standins  # noqa: F401 - the fixture is used by name
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from include.servers.hosts import HostError
+from include.servers.launch_report import LaunchReport, StopError, XComMismatchError
 from include.servers.launcher import launch_servers, stop_servers
-from include.servers.report import LaunchReport, StopError, XComMismatchError
 from include.settings import RunSettings
 from tests.integration.servers.helpers import answers, wait_answering
 

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from include.servers.checks import ModelExpectation
+from include.servers.expectations import ModelExpectation
+from include.servers.first_requests import PreflightError, format_table, preflight
 from include.servers.hosts import HostError
+from include.servers.launch_report import LaunchReport
 from include.servers.launcher import launch_servers, probe_models, stop_servers
-from include.servers.preflight import PreflightError, format_table, preflight
-from include.servers.report import LaunchReport
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger
 from include.settings import RunSettings

@@ -45,7 +45,7 @@ def _proxied_store(proxied: tuple[ProxiedStore, str], prefix: str = "out/r1") ->
 
 
 def _check(tmp_path: Path, data: Path, output_root: str, conn_id: str) -> Any:
-    from include.pipeline.check import check_settings
+    from include.pipeline.check_settings import check_settings
 
     conf = {**CONF, "sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]}
     dep = check_deployment(tmp_path, data, output_root=output_root, s3_conn_id=conn_id,

@@ -11,7 +11,7 @@ import pytest
 
 from include.generation.shard import wait_for_progress
 from include.layout import MANIFEST_KEY, journal_prefix, started_key
-from include.pipeline.plan import plan_run
+from include.pipeline.prepare_prompts import plan_run
 from include.settings import RunSettings
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings

@@ -11,11 +11,11 @@ from include.generation import shard as shard_stage
 from include.generation.shard import generate_shard, publish_shard
 from include.layout import journal_settings_key, regeneration_prefix, shard_key, started_key
 from include.pipeline import generate as generate_task
-from include.pipeline.run import outputs_uri
+from include.pipeline.binding import outputs_uri
 from include.prompts.prepare import encode_record
 from include.settings import RunSettings
-from include.settings.checks import JournalSettingsError
 from include.settings.run import COMPLETION_SETTINGS
+from include.settings.validation import JournalSettingsError
 from include.storage import LocalStore
 from tests.fixtures.settings import deployment_env, deployment_settings
 

@@ -1,11 +1,12 @@
 """Prompt shards an earlier run prepared: reused under the same preparation settings, refused
-under others (``prompts/plan.py``; the task's plan is in ``tests/unit/pipeline/test_plan.py``)."""
+under others (``prompts/plan.py``; the task's plan is in
+``tests/unit/pipeline/test_prepare_prompts.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from include.pipeline.run import open_run_store
+from include.pipeline.binding import open_run_store
 from include.prompts import PrepareError
 from include.prompts.plan import prepare_or_reuse
 from include.settings import RunSettings

@@ -146,14 +146,15 @@ def test_runs_attach_to_their_run_folder_and_outputs_location() -> None:
 def test_a_failed_attempts_reason_is_its_exception_and_our_error_lines_before_it() -> None:
     events = [
         {"event": "DAG bundles loaded", "level": "info", "logger": "airflow.dag_processing"},
-        {"event": "1 setting refused:", "level": "error", "logger": "include.pipeline.check"},
+        {"event": "1 setting refused:", "level": "error",
+         "logger": "include.pipeline.check_settings"},
         {"event": "1. setting `model_path`: got 'x'", "level": "error",
-         "logger": "include.pipeline.check"},
+         "logger": "include.pipeline.check_settings"},
         {"event": "Something else failed", "level": "error", "logger": "airflow.task"},
         {"event": "Task failed with exception", "level": "error", "logger": "task",
          "error_detail": [{"exc_type": "AirflowFailException", "exc_value": "1 setting refused",
                            "frames": [{"name": "run"}] * 13}]},
-        {"event": "later", "level": "error", "logger": "include.pipeline.check"},
+        {"event": "later", "level": "error", "logger": "include.pipeline.check_settings"},
     ]
     assert first_failure(events) == ("1 setting refused", [
         "1 setting refused:", "1. setting `model_path`: got 'x'"])

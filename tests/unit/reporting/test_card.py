@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from include.layout import MANIFEST_KEY
+from include.reporting.build import compute_report
 from include.reporting.card import (
     DATA_FILES,
     FINGERPRINT_PLACEHOLDER,
@@ -18,7 +19,6 @@ from include.reporting.card import (
 )
 from include.reporting.collect import collect_shard
 from include.reporting.gates import QualityGates
-from include.reporting.report import compute_report
 from include.storage import LocalStore
 from tests.unit.reporting.synthetic_run import ShardSpec, write_run
 

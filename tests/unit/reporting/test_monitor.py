@@ -447,7 +447,7 @@ def test_by_default_nothing_is_probed(tmp_path, monkeypatch) -> None:
 
 
 def test_the_deployments_server_addresses_cover_every_tp_size() -> None:
-    from include.servers.report import own_server_url, server_addresses
+    from include.servers.launch_report import own_server_url, server_addresses
     from tests.fixtures.settings import deployment_settings
 
     d = deployment_settings(gpu_hosts=[{"host": "GPU-A", "gpus": [0, 1, 2, 3]}], port_base=31000)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from include.reporting.build import regenerated_shards
 from include.reporting.collect import ShardFacts
-from include.reporting.report import regenerated_shards
 
 
 def test_regenerated_shards_and_their_reasons_are_listed() -> None:

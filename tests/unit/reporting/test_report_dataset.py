@@ -185,8 +185,8 @@ def test_the_throughput_text_gives_the_plots_server_time_shares(store, settings)
 
 
 def test_the_settings_fingerprint_is_the_one_every_shard_recorded_or_none() -> None:
+    from include.reporting.build import agreed_fingerprint
     from include.reporting.collect import ShardFacts
-    from include.reporting.report import agreed_fingerprint
 
     def shard(fp: str | None) -> ShardFacts:
         generation = {"settings_fingerprint": fp} if fp else {}

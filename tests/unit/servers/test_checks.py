@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from include.servers.checks import (
+from include.servers.expectations import (
     ModelExpectation,
     budget_line,
     key_problems,

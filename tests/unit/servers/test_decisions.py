@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec
 from include.servers.decisions import (
     ModelsProbe,
@@ -21,7 +20,8 @@ from include.servers.decisions import (
     stop_verdict,
     stopped_meanwhile,
 )
-from include.servers.report import LaunchReport, ServerOutcome
+from include.servers.expectations import ModelExpectation
+from include.servers.launch_report import LaunchReport, ServerOutcome
 from tests.fixtures.settings import run_settings
 
 EXPECTED = ModelExpectation("qwen", 32768)

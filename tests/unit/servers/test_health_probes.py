@@ -13,8 +13,8 @@ import pytest
 
 from include.generation.pool import ServerPool
 from include.reporting.monitor import RunMonitor
-from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec
+from include.servers.expectations import ModelExpectation
 from include.servers.triggers import ServerHealthTrigger
 from include.sglang.contract import (
     HEALTH_ANSWER_MIN_S,

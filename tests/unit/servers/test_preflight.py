@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from include.servers.preflight import PreflightError, PreflightResult, format_table, preflight
+from include.servers.first_requests import PreflightError, PreflightResult, format_table, preflight
 
 LENGTH_ERROR = (
     "Requested token count exceeds the model's maximum context length of 8192 tokens. You "
@@ -115,7 +115,7 @@ def test_a_worker_tokenizer_that_renders_otherwise_than_the_servers_fails_prefli
 ) -> None:
     from types import SimpleNamespace
 
-    from include.servers.preflight import tokenizer_render_problem
+    from include.servers.first_requests import tokenizer_render_problem
     from include.tokenization import load_tokenizer
     from sglang_standin.tokenizer import build_chat_tokenizer
 
@@ -166,7 +166,7 @@ def test_a_whole_conversation_is_preflighted_with_its_first_turn_as_the_engine_b
 
     from include.conversations import chain
     from include.generation.conversing import Conversations
-    from include.servers.preflight import longest_prompt
+    from include.servers.first_requests import longest_prompt
 
     settings = SimpleNamespace(**RUN)
     conversation = whole_conversation("chat:0", turns=4)
@@ -190,7 +190,7 @@ def test_preflight_run_sends_a_conversations_first_turn_ending_on_a_user_turn(
 ) -> None:
     from types import SimpleNamespace
 
-    from include.servers.preflight import preflight_run
+    from include.servers.first_requests import preflight_run
     from include.tokenization import count_prompt_tokens, load_tokenizer
     from sglang_standin.tokenizer import build_chat_tokenizer
 

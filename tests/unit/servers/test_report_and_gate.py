@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec, server_specs
+from include.servers.expectations import ModelExpectation
+from include.servers.launch_report import LaunchError, LaunchReport, ServerOutcome
 from include.servers.launcher import launch_servers, stop_servers
-from include.servers.report import LaunchError, LaunchReport, ServerOutcome
 from include.servers.sensor import ServerHealthSensor, ServerNotReadyError
 from include.servers.triggers import ServerHealthTrigger
 from include.settings import RunSettings, SettingsError

@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec, server_specs
+from include.servers.expectations import ModelExpectation
 from include.servers.hosts import CommandResult, HostRunner, Runners
-from include.servers.launcher import stop_servers
-from include.servers.lifecycle import lease_name
-from include.servers.report import (
+from include.servers.launch_report import (
     LaunchReport,
     ServerOutcome,
     XComMismatchError,
     trusted_spec,
     trusted_urls,
 )
+from include.servers.launcher import stop_servers
+from include.servers.lifecycle import lease_name
 from include.servers.sensor import ServerHealthSensor
 from include.settings import RunSettings
 from sglang_standin.process import free_port

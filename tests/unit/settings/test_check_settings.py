@@ -1,6 +1,6 @@
-"""``check_settings`` runs the checks that need only the settings (``settings/checks.py``): the
+"""``check_settings`` runs the checks that need only the settings (``settings/validation.py``): the
 output location, ``dedupe_against``, the shards an earlier run prepared. Its checks that need a
-stage are in ``tests/unit/pipeline/test_check.py``."""
+stage are in ``tests/unit/pipeline/test_check_settings.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from include.pipeline.check import check_settings
+from include.pipeline.check_settings import check_settings
 from include.settings import SettingsError
 from tests.fixtures.check_inputs import check_deployment as _deployment
 from tests.fixtures.check_inputs import written as _written

@@ -14,13 +14,13 @@ from include.layout import (
     shard_id,
     started_key,
 )
-from include.pipeline.check import check_settings
+from include.pipeline.check_settings import check_settings
 from include.settings import RunSettings, SettingsError
-from include.settings.checks import (
+from include.settings.run import COMPLETION_SETTINGS, PREPARATION_SETTINGS
+from include.settings.validation import (
     completion_differences,
     record_shard_settings,
 )
-from include.settings.run import COMPLETION_SETTINGS, PREPARATION_SETTINGS
 from include.storage import LocalStore
 from tests.fixtures.settings import deployment_settings
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from include.pipeline.check import check_settings
+from include.pipeline.check_settings import check_settings
 from include.settings import SettingsError
 from include.settings.params import airflow_params
 from tests.fixtures.settings import deployment_settings

@@ -43,7 +43,7 @@ def trusted_outputs_uri(settings: RunSettings, run_id: str | None, given: Any) -
     compared, never opened, and any other location is refused (XComMismatchError, before a
     byte is written), as server identifiers are (``servers.report.trusted_spec``).
     """
-    from include.servers.report import XComMismatchError
+    from include.servers.launch_report import XComMismatchError
 
     expected = outputs_uri(settings, run_id or "manual")
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from include.layout import MANIFEST_KEY, shard_id
-from include.pipeline.plan import check_map_length, plan_run, stagger
-from include.pipeline.run import outputs_uri, trusted_outputs_uri
-from include.servers.report import XComMismatchError
+from include.pipeline.binding import outputs_uri, trusted_outputs_uri
+from include.pipeline.prepare_prompts import check_map_length, plan_run, stagger
+from include.servers.launch_report import XComMismatchError
 from include.settings import RunSettings, SettingsError
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings

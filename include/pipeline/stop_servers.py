@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, fail_without_retry, lease_owner
+from include.pipeline.binding import bind, fail_without_retry, lease_owner
 
 
 def run(report: dict[str, Any], params: Mapping[str, Any] | None, dag_id: str,
@@ -15,8 +15,8 @@ def run(report: dict[str, Any], params: Mapping[str, Any] | None, dag_id: str,
     Commands run on the deployment's own servers with its own SSH connections and command
     prefixes; the launch report (XCom) says only which, and an edited one fails without retry.
     """
+    from include.servers.launch_report import XComMismatchError
     from include.servers.launcher import stop_servers
-    from include.servers.report import XComMismatchError
 
     with fail_without_retry(XComMismatchError):
         stopped = stop_servers(report, bind(params), owner=lease_owner(dag_id, run_id))

@@ -129,7 +129,7 @@ def tokenizer_render_problem(settings: Any, tok: Any, messages: list[dict[str, A
 
     Compared with each server's own prompt ids where it returned them, else its count.
     """
-    from include.tokenization.tokenizer import render_prompts
+    from include.target_tokenizer import render_prompts
 
     text = render_prompts(tok, [messages], thinking)[0]
     ours = list(tok(text, add_special_tokens=False)["input_ids"])

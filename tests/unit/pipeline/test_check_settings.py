@@ -1,5 +1,5 @@
-"""The check_settings task (``pipeline/check.py``): its checks that need a stage (a source's
-files and first row, the tokenizer, the API key, the SSH host keys) find, before any work,
+"""The check_settings task (``pipeline/check_settings.py``): its checks that need a stage (a
+source's files and first row, the tokenizer, the API key, the SSH host keys) find, before any work,
 every mistake that can be known in advance. The checks that need only the settings are in
 ``tests/unit/settings/test_check_settings.py``."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from include.pipeline.check import check_settings
-from include.servers.checks import budget_line
+from include.pipeline.check_settings import check_settings
+from include.servers.expectations import budget_line
 from include.settings import SettingsError
 from tests.fixtures.check_inputs import check_deployment as _deployment
 from tests.fixtures.check_inputs import written as _written
@@ -129,7 +129,7 @@ def test_the_task_logs_each_refusal_on_short_lines_and_fails_with_one_short_line
     # Issue 27: the reason was one line cut off at the log's right edge, above a traceback.
     from airflow.sdk.exceptions import AirflowFailException
 
-    from include.pipeline.check import run
+    from include.pipeline.check_settings import run
     from include.settings.errors import LINE_WIDTH
 
     monkeypatch.setenv("REGEN_OUTPUT_ROOT", str(tmp_path / "out"))
@@ -142,7 +142,7 @@ def test_the_task_logs_each_refusal_on_short_lines_and_fails_with_one_short_line
     assert str(err.value) == ("2 settings refused: shard_sise, model_path "
                               "(the reasons are in this task's log)")
     assert err.value.__cause__ is None and err.value.__suppress_context__
-    lines = [r.getMessage() for r in caplog.records if r.name == "include.pipeline.check"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "include.pipeline.check_settings"]
     assert lines[0] == "2 settings refused:" and all(len(x) <= LINE_WIDTH for x in lines)
     text = " ".join(" ".join(lines).split())
     assert "setting `model_path`: got 'someone/else'" in text

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-from include.servers.checks import ModelExpectation
 from include.servers.commands import ServerSpec, format_address, server_specs
+from include.servers.expectations import ModelExpectation
 
 if TYPE_CHECKING:
     from include.settings import DeploymentSettings, RunSettings

@@ -8,7 +8,7 @@ non-loopback host would get an API key, and whether each GPU host's SSH connecti
 host's key. The only write is the create-only probe of an S3 store, in the run's location,
 on every run (``include.storage.probe``). Every problem found is reported at
 once, each naming the setting, the value and what is accepted; nothing is prepared, launched
-or written. Checks that need only the settings are in ``include.settings.checks``; those here
+or written. Checks that need only the settings are in ``include.settings.validation``; those here
 need a stage (a source's first row, the tokenizer, the servers' keys and connections).
 """
 
@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.settings import DeploymentSettings, RunSettings, SettingsError
-from include.settings.checks import (
+from include.settings.deployment import env_name, inside_data_roots
+from include.settings.errors import raise_all, refusal_lines, refusal_summary
+from include.settings.validation import (
     check_dedupe,
     check_earlier_journals,
     check_earlier_shards,
@@ -30,8 +32,6 @@ from include.settings.checks import (
     describe,
     problem,
 )
-from include.settings.deployment import env_name, inside_data_roots
-from include.settings.errors import raise_all, refusal_lines, refusal_summary
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _check_host_keys(run: RunSettings) -> None:
 
 
 def _check_api_key(run: RunSettings) -> None:
-    from include.servers.checks import key_problems
+    from include.servers.expectations import key_problems
 
     raise_all(key_problems(run.deployment, run.api_key))
 
@@ -117,7 +117,7 @@ def check_settings(params: Mapping[str, Any] | None,
         problems += problem(lambda: check_earlier_journals(settings))
     raise_all(problems)
     log.info("settings checked; resolved:\n%s", describe(settings))
-    from include.servers.checks import budget_line
+    from include.servers.expectations import budget_line
 
     log.info("%s", budget_line(settings))
     return settings

@@ -13,7 +13,7 @@ from typing import Any
 
 from include.layout import shard_index
 from include.pipeline.airflow_state import max_map_length
-from include.pipeline.run import bind, fail_without_retry, open_run_store, outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, open_run_store, outputs_uri
 from include.prompts.plan import PERMANENT_ERRORS, prepare_or_reuse, select_shards
 from include.settings import RunSettings, SettingsError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.run import bind, lease_owner
+from include.pipeline.binding import bind, lease_owner
 
 
 def run(plan: list[dict[str, Any]], params: Mapping[str, Any] | None, dag_id: str,
