@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from scripts import trainer_env
-from scripts.deploy_services import free_port_block
+from tests.fixtures.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long the demo may take: ~2 min alone on two cores, ~5 min beside the other tiers.
