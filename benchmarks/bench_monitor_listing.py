@@ -4,7 +4,7 @@ A synthetic run folder as a 500-shard run leaves it mid-way: every shard's journ
 ``--segments`` segments (segments stay after compaction), most shards are published and
 tokenized, ``--generating`` are still generating. Per monitor refresh:
 
-* old: every key of the run (``Store.list``), what ``reporting/monitor.py`` does today;
+* old: every key of the run (``Store.list``), what ``monitor/runs.py`` does today;
 * new: one delimiter listing (``Store.list_children``) per output folder (``generated/``,
   ``tokenized/``, ``journal/``, ``report/``) and the segments of the shards without a
   generated manifest only.

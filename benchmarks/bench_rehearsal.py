@@ -227,10 +227,10 @@ def reporting_costs(tier: Tier, conf: dict[str, Any], plan: list[dict[str, Any]]
     env = tier.component_environment(WORKERS[0])
     os.environ.update({k: v for k, v in env.items() if k.startswith(("REGEN_", "AIRFLOW_CONN"))})
     from include.layout import MANIFEST_KEY, REPORT_JSON, report_prefix
+    from include.monitor.runs import RunMonitor
     from include.pipeline.binding import bind, open_run_store
     from include.reporting.build import build_report
     from include.reporting.card import render_card
-    from include.reporting.monitor import RunMonitor
     from include.storage import open_store
 
     root = open_store(f"s3://{deploy.BUCKET}/runs", s3_conn_id="aws_default")

@@ -30,9 +30,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import logging
 
     from benchmarks.common import bench_settings
+    from include.monitor.runs import RunMonitor
     from include.pipeline.airflow_state import max_map_length
     from include.pipeline.prepare_prompts import plan_run
-    from include.reporting.monitor import RunMonitor
     from include.storage import LocalStore
 
     logging.basicConfig(level=logging.WARNING)

@@ -6,7 +6,7 @@ manifests and journals under the deployment's ``output_root`` (``REGEN_OUTPUT_RO
 ``include.storage``, read-only, with the deployment's ``s3_conn_id`` for an s3:// root (and
 probes the ``/health`` of the deployment's own servers only, ``REGEN_GPU_HOSTS``), and
 what Airflow scheduled for them from Airflow's own database (``query_runs``, made sense of by
-``include.reporting.airflow_runs``: each run's state, its shards running / queued / failed /
+``include.monitor.states``: each run's state, its shards running / queued / failed /
 done, with links to the run and to each shard's task log in the UI). The page has no state of
 its own.
 
@@ -51,7 +51,7 @@ def output_root() -> str:
 
 @cache
 def _monitor() -> Any:
-    from include.reporting.monitor import RunMonitor
+    from include.monitor.runs import RunMonitor
     from include.servers.launch_report import server_addresses
     from include.settings import DeploymentSettings
     from include.storage import open_store
@@ -87,7 +87,7 @@ def state_words() -> dict[str, str]:
     import airflow
     from airflow.utils.state import DagRunState, TaskInstanceState
 
-    from include.reporting.airflow_runs import ui_words
+    from include.monitor.states import ui_words
 
     table = Path(airflow.__file__).parent / "ui" / "dist" / "i18n" / "locales" / "en"
     try:
@@ -102,7 +102,7 @@ def _failure_of(ti: Any) -> dict[str, Any]:
     """Return a failed task instance's reason, read once from its log (then kept)."""
     from airflow.utils.log.log_reader import TaskLogReader
 
-    from include.reporting.airflow_runs import first_failure
+    from include.monitor.states import first_failure
 
     key = (ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number)
     if key not in _FAILURES:
@@ -137,7 +137,7 @@ def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None,
     from sqlalchemy import select
     from sqlalchemy.orm import joinedload
 
-    from include.reporting.airflow_runs import (
+    from include.monitor.states import (
         PLAN_TASK,
         RECENT_RUNS,
         SHARD_TASKS,
@@ -191,8 +191,8 @@ def page_state(with_reasons: bool = True) -> dict[str, Any]:
     Airflow's side failing (its database busy or unreachable) leaves the rest of the page
     working; the error is shown instead of the runs' states.
     """
-    from include.reporting.airflow_runs import attach
-    from include.reporting.monitor import DAG_ID
+    from include.monitor.runs import DAG_ID
+    from include.monitor.states import attach
 
     error = None
     try:
@@ -214,7 +214,7 @@ def _may_read_logs(user: Any) -> bool:
         DagDetails,
     )
 
-    from include.reporting.monitor import DAG_ID
+    from include.monitor.runs import DAG_ID
 
     return get_auth_manager().is_authorized_dag(
         method="GET", user=user, access_entity=DagAccessEntity.TASK_LOGS,
@@ -238,8 +238,8 @@ def create_app() -> FastAPI:
     from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
     from fastapi import Depends
 
-    from include.reporting.monitor import DAG_ID, REPORT_MEDIA_TYPES, is_report_file
-    from include.reporting.monitor_page import render_page
+    from include.monitor.page import render_page
+    from include.monitor.runs import DAG_ID, REPORT_MEDIA_TYPES, is_report_file
 
     app = FastAPI(
         title="Drafter data run monitor", docs_url=None, redoc_url=None, openapi_url=None,

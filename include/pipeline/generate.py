@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from include.monitor.states import PLAN_TASK
 from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
 from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
-from include.reporting.airflow_runs import PLAN_TASK
 
 
 def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,

@@ -77,7 +77,7 @@ def test_no_module_in_include_is_too_long_to_read_in_one_sitting() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.pipeline",),
     ("include.prompts", "include.servers", "include.generation", "include.tokenization",
-     "include.reporting", "include.quality", "include.conversations"),
+     "include.reporting", "include.quality", "include.conversations", "include.monitor"),
     ("include.settings",),
     # What every stage speaks to an SGLang server with (settings read the servers' API key
     # through its hook): below settings, above storage.

@@ -31,8 +31,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
+from include.monitor.states import run_path
 from include.reporting import QualityGates, build_report
-from include.reporting.airflow_runs import run_path
 from include.storage import LocalStore
 from sglang_standin.process import shell_launch_command
 from sglang_standin.switchboard import write_faults

@@ -12,8 +12,8 @@ from include.layout import (
     report_prefix,
     started_key,
 )
-from include.reporting.airflow_runs import summarize_run
-from include.reporting.monitor import is_report_file
+from include.monitor.runs import is_report_file
+from include.monitor.states import summarize_run
 
 
 def test_the_monitor_serves_exactly_the_report_files_the_layout_names() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from include.generation.pool import ServerPool
-from include.reporting.monitor import RunMonitor
+from include.monitor.runs import RunMonitor
 from include.servers.commands import ServerSpec
 from include.servers.expectations import ModelExpectation
 from include.servers.triggers import ServerHealthTrigger

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from include.reporting.monitor import (
+from include.monitor.runs import (
     NOT_OURS,
     RATE_WINDOW_S,
     RunMonitor,

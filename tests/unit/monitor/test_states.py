@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from include.reporting.airflow_runs import (
+from include.monitor.states import (
     LIVE_RUN_STATES,
     NO_STATUS,
     SHARD_TASKS,

@@ -1,4 +1,4 @@
-"""The monitor page's HTML (``include/reporting/monitor_page.py``): Airflow's words for every
+"""The monitor page's HTML (``include/monitor/page.py``): Airflow's words for every
 state, a run's state and failure first, live runs first (issue 27)."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import json
 import re
 from pathlib import Path
 
-from include.reporting.airflow_runs import (
+from include.monitor.page import render_page, sections
+from include.monitor.runs import RunMonitor
+from include.monitor.states import (
     FILE_WORDS,
     NO_STATUS,
     SHARD_TASKS,
@@ -17,8 +19,6 @@ from include.reporting.airflow_runs import (
     summarize_run,
     ui_words,
 )
-from include.reporting.monitor import RunMonitor
-from include.reporting.monitor_page import render_page, sections
 from include.storage import LocalStore
 from tests.unit.reporting.synthetic_run import T0, ShardSpec, write_prompts_manifest, write_shard
 

@@ -14,14 +14,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from include.reporting.airflow_runs import (
+from include.monitor.runs import DAG_ID, RATE_WINDOW_S
+from include.monitor.states import (
     FILE_WORDS,
     LIVE_RUN_STATES,
     NO_STATUS,
     RECENT_RUNS,
     page_order,
 )
-from include.reporting.monitor import DAG_ID, RATE_WINDOW_S
 
 URL_PREFIX = "/regen-monitor"
 REFRESH_S = 10

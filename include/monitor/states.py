@@ -1,6 +1,6 @@
 """Airflow's side of the monitor page: the DAG's recent runs and their shards' task states.
 
-The page's other half (``include.reporting.monitor``) reads the runs' own files; this module
+The page's other half (``include.monitor.runs``) reads the runs' own files; this module
 makes sense of what Airflow scheduled. The plugin (``plugins/regen_monitor.py``,
 ``query_runs``) reads the DAG's newest runs, the mapped ``shard.generate`` / ``shard.upload``
 / ``shard.tokenize`` task instances of each, the plan each run's ``prepare_prompts``
@@ -47,7 +47,7 @@ STATE_ORDER = ("failed", "upstream_failed", "up_for_retry", "restarting", "runni
 #: Run states that are still going (Airflow's ``DagRunState``): listed first on the page.
 LIVE_RUN_STATES = ("running", "queued")
 #: What the page says of a run's files, beside Airflow's states: a table from the monitor's
-#: own facts (``include.reporting.monitor``: a shard's files, a prompt's journal outcome, a
+#: own facts (``include.monitor.runs``: a shard's files, a prompt's journal outcome, a
 #: report's gates, a server's probe) to the words shown. Nothing here names a task or run
 #: state: those are Airflow's.
 FILE_WORDS = {

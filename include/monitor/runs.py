@@ -54,7 +54,7 @@ from include.layout import (
     SHARD_MANIFEST_SUFFIX,
     TOKENIZED_PREFIX,
 )
-from include.reporting.airflow_runs import FILE_WORDS
+from include.monitor.states import FILE_WORDS
 from include.servers.launch_report import own_server_url
 from include.sglang import sync as sglang_sync
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
