@@ -29,8 +29,8 @@ from typing import Any
 import aiohttp
 
 from benchmarks.common import SERVERS, standin_fleet
-from include.generation.engine import EngineConfig, run_shard
-from include.generation.journal import FileJournal
+from include.durability.journal import FileJournal
+from include.engine.dispatch import EngineConfig, run_shard
 from include.tokenization import count_prompt_tokens, load_tokenizer
 
 MAX_TOKENS = 32

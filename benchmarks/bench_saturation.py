@@ -41,8 +41,8 @@ from benchmarks.common import (
     realistic_prompts,
     standin_fleet,
 )
-from include.generation.engine import EngineConfig, run_shard
-from include.generation.journal import FileJournal
+from include.durability.journal import FileJournal
+from include.engine.dispatch import EngineConfig, run_shard
 from include.layout import shard_key
 from include.prompts.prepare import encode_record
 from include.storage import LocalStore
@@ -85,9 +85,10 @@ def task_child(store_dir: str, tokenizer_dir: str, urls: str, max_tokens: int,
     import airflow.sdk  # noqa: F401 - what a task runner has imported before the task starts
 
     started = time.monotonic()
-    from include.generation import client, shard
+    from include.engine import client
+    from include.engine.startup import PromptCounter
+    from include.generation import shard
     from include.generation.shard import generate_shard
-    from include.generation.startup import PromptCounter
 
     class TokenizerFirst(PromptCounter):
         def __init__(self, *args: Any) -> None:

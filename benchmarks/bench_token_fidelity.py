@@ -37,7 +37,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 async def _answers(url: str, prompts: list[list[dict[str, str]]], max_tokens: int) -> list[Any]:
     import aiohttp
 
-    from include.generation.client import ChatRequest, send_chat
+    from include.engine.client import ChatRequest, send_chat
 
     sampling = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "enable_thinking": True}
     sem = asyncio.Semaphore(64)

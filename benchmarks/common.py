@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from include.generation.pool import parse_metrics
+from include.engine.pool import parse_metrics
 from sglang_standin.process import StandinProcess
 from sglang_standin.tokenizer import build_chat_tokenizer
 from synthetic_sources import rows

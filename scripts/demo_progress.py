@@ -22,7 +22,7 @@ from typing import IO
 
 #: Loggers whose lines are the run's progress: the generate tasks' progress lines, the shard
 #: plan (how many shards, how many left) and the report's verdict with its quality gates.
-SHOWN_LOGGERS = ("include.generation.tally", "include.prompts.plan", "include.reporting.build")
+SHOWN_LOGGERS = ("include.engine.tally", "include.prompts.plan", "include.reporting.build")
 #: A line at least this often (the issue's "at least every ~10 s", with a poll's slack).
 QUIET_S = 8.0
 _RECORD = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z \[(?P<level>\w+)\s*\] (?P<message>.*)$")

@@ -14,27 +14,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from include.generation.claims import wait_for_turn
-from include.generation.config import EngineConfig
-from include.generation.engine import run_shard
-from include.generation.journal import (
+from include.durability.claims import wait_for_turn
+from include.durability.journal import (
     StoreJournal,
     compact,
     merge_lines,
     prompt_records,
     read_segments,
 )
-from include.generation.lease import LEASE_TTL_S, Lease, check_token
-from include.generation.outcome import PromptStatus, check_accounting
-from include.generation.startup import PromptCounter
-from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
-from include.prompts import read_shard_by_id
-from include.settings import RunSettings
-from include.settings.validation import (
+from include.durability.journal_settings import (
     check_shard_journal,
     record_shard_settings,
     regeneration_reason,
 )
+from include.durability.lease import LEASE_TTL_S, Lease, check_token
+from include.engine.config import EngineConfig
+from include.engine.dispatch import run_shard
+from include.engine.outcome import PromptStatus, check_accounting
+from include.engine.startup import PromptCounter
+from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
+from include.prompts import read_shard_by_id
+from include.settings import RunSettings
 from include.storage import Store, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def generate_shard(
     on any worker picks up where the last try stopped. ``wait_for`` (``{"shard_id",
     "fraction"}``, see ``include.pipeline.prepare_prompts.stagger``) delays the start until
     that shard has finished that share of its prompts. With ``run_id`` (every Airflow try), the try
-    first takes the shard's lease (``include.generation.claims``; ``is_live`` says whether
+    first takes the shard's lease (``include.durability.claims``; ``is_live`` says whether
     another run may still publish, ``lease_ttl_s`` is how soon a dead try's lease expires),
     renews it while it generates, stops with LeaseLost if it loses it, and returns the lease
     generation as ``summary["lease"]``, the fencing token ``publish_shard`` checks. With

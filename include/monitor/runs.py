@@ -41,8 +41,8 @@ from typing import Any
 
 from cachetools import LRUCache, TTLCache
 
-from include.generation.journal import is_final, merge_lines
-from include.generation.outcome import PromptStatus
+from include.durability.journal import is_final, merge_lines
+from include.engine.outcome import PromptStatus
 from include.layout import (
     GENERATED_PREFIX,
     JOURNAL_PREFIX,

@@ -56,7 +56,7 @@ FILE_WORDS = {
     "no_journal": "no journal yet",
     "generated": "generated, not tokenized",
     "tokenized": "tokenized",
-    # a prompt's outcome in the journal (include.generation.outcome)
+    # a prompt's outcome in the journal (include.engine.outcome)
     "completed": "completed",
     "truncated": "of them truncated",
     "skipped": "skipped",

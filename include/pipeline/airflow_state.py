@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from include.generation.claims import LIVE_STATES
+from include.durability.claims import LIVE_STATES
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from include.durability.journal_settings import check_earlier_journals
 from include.settings import DeploymentSettings, RunSettings, SettingsError
 from include.settings.deployment import env_name, inside_data_roots
 from include.settings.errors import raise_all, refusal_lines, refusal_summary
 from include.settings.validation import (
     check_dedupe,
-    check_earlier_journals,
     check_earlier_shards,
     check_output_location,
     check_served_name,

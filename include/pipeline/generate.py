@@ -26,9 +26,9 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     shard's map index for the slot check. Without ``ti`` or ``run_id`` the shard waits for
     no slot.
     """
+    from include.durability.journal_settings import JournalSettingsError
     from include.generation import shard
     from include.servers.launch_report import XComMismatchError, trusted_urls
-    from include.settings.validation import JournalSettingsError
 
     settings = bind(params)
     with fail_without_retry(XComMismatchError):

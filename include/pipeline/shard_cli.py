@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from include.generation.engine import GenerationError
+from include.engine.dispatch import GenerationError
 from include.generation.shard import generate_shard
 from include.pipeline.binding import open_run_store
 from include.pipeline.check_settings import check_settings

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from include.generation.client import ChatRequest, send_chat
+from include.engine.client import ChatRequest, send_chat
 from include.sglang import aio
 from include.sglang.contract import bearer, served_model, server_version
 
@@ -255,7 +255,7 @@ def longest_prompt(
     request. Only the ``candidates`` longest by characters are tokenized. Raise ValueError
     when no prompt fits at all (every one would be skipped as too long).
     """
-    from include.generation.conversing import first_request
+    from include.engine.conversing import first_request
     from include.sglang.length import token_budget
 
     requests = [(p, first_request(p)) for p in prompts]
@@ -282,7 +282,7 @@ def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]])
     The request goes out with its real token budget and the run's sampling settings. Raise
     PreflightError on any failure.
     """
-    from include.generation.conversing import is_conversation
+    from include.engine.conversing import is_conversation
     from include.tokenization import count_prompt_tokens, load_tokenizer
 
     tok = load_tokenizer(settings.tokenizer_path or settings.model_path)

@@ -49,7 +49,7 @@ TopK = Annotated[int, Field(ge=-1)]
 
 class SamplingVariants(BaseModel):
     """Sampling values to mix within one run; each prompt gets one value of each listed
-    setting (``include.generation.variants``: crossed, by seed, the same on every try)."""
+    setting (``include.engine.variants``: crossed, by seed, the same on every try)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

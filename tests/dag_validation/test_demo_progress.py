@@ -20,7 +20,7 @@ LOG = [
     f"{T} [info     ] output location s3://demo/runs (protected prefixes: completions/) "
     "[include.storage.store] loc=store.py:149",
     f"{T} [info     ] shard-00002: 20/50 finished (ok 20, skipped 0, failed 0, truncated 0) | "
-    "14.31 req/s | ETA 3s [include.generation.tally] loc=tally.py:113",
+    "14.31 req/s | ETA 3s [include.engine.tally] loc=tally.py:113",
     f"{T} [info     ] Task instance state updated    "
     "[airflow.api_fastapi.execution_api.routes.task_instances] correlation_id=01a "
     "loc=task_instances.py:485 new_state=success rows_affected=1 ti_id=01a",

@@ -76,8 +76,9 @@ def test_no_module_in_include_is_too_long_to_read_in_one_sitting() -> None:
 #: Stages import each other (generation reads prompt shards; reporting reads journals).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.pipeline",),
-    ("include.prompts", "include.servers", "include.generation", "include.tokenization",
-     "include.reporting", "include.quality", "include.conversations", "include.monitor"),
+    ("include.prompts", "include.servers", "include.generation", "include.engine",
+     "include.durability", "include.tokenization", "include.reporting", "include.quality",
+     "include.conversations", "include.monitor"),
     ("include.settings",),
     # What every stage speaks to an SGLang server with (settings read the servers' API key
     # through its hook): below settings, above storage.

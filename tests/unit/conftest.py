@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # The check_settings tests (pipeline/test_check.py, settings/test_check_settings.py,
-# settings/test_journal_settings.py) read one small source from a data root.
+# durability/test_journal_settings.py) read one small source from a data root.
 from tests.fixtures.check_inputs import data
 
 __all__ = ["data"]

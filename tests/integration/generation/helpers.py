@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from include.generation.engine import EngineConfig
+from include.engine.dispatch import EngineConfig
 from include.generation.shard import build_shard_output
 from include.layout import shard_key
 from include.prompts.prepare import encode_record

@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 from aiohttp import web
 
-from include.generation.engine import run_shard
-from include.generation.journal import FileJournal
+from include.durability.journal import FileJournal
+from include.engine.dispatch import run_shard
 from sglang_standin.testing import read_sampled_log
 from tests.integration.generation.faultproxy import FaultProxy
 from tests.integration.generation.helpers import (

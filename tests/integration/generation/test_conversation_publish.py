@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from include.generation.engine import run_shard
-from include.generation.journal import StoreJournal
+from include.durability.journal import StoreJournal
+from include.engine.dispatch import run_shard
 from include.generation.shard import load_journal_records, publish_shard
 from include.layout import journal_prefix
 from include.storage import LocalStore

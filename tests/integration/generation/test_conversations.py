@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from include.generation.engine import run_shard
-from include.generation.journal import FileJournal
+from include.durability.journal import FileJournal
+from include.engine.dispatch import run_shard
 from include.generation.shard import build_shard_output
 from include.tokenization import load_tokenizer, tokenize_completions
 from sglang_standin.testing import read_sampled_log

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from include.generation.engine import GenerationError, run_shard
-from include.generation.journal import FileJournal, StoreJournal
+from include.durability.journal import FileJournal, StoreJournal
+from include.engine.dispatch import GenerationError, run_shard
 from include.generation.shard import generate_shard, load_journal_records
 from include.storage import LocalStore
 from tests.fixtures.settings import deployment_env, run_settings

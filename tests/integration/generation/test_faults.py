@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from include.generation.engine import GenerationError, run_shard
-from include.generation.journal import FileJournal, StoreJournal
+from include.durability.journal import FileJournal, StoreJournal
+from include.engine.dispatch import GenerationError, run_shard
 from include.generation.shard import generate_shard, load_journal_records, publish_shard
 from include.layout import journal_prefix, output_keys
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S

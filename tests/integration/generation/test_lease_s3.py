@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from include.generation.claims import wait_for_turn
-from include.generation.journal import StoreJournal
-from include.generation.lease import LeaseLost, check_token, newest, try_take
+from include.durability.claims import wait_for_turn
+from include.durability.journal import StoreJournal
+from include.durability.lease import LeaseLost, check_token, newest, try_take
 from include.storage import S3Store
 from tests.fixtures.s3 import Bucket, moto_endpoint, s3_bucket  # noqa: F401
 

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from include.generation.engine import run_shard
-from include.generation.journal import FileJournal
-from include.generation.variants import variant_of
+from include.durability.journal import FileJournal
+from include.engine.dispatch import run_shard
+from include.engine.variants import variant_of
 from include.tokenization import count_prompt_tokens, load_tokenizer
 from tests.integration.generation.helpers import assert_accounted, engine_config, make_prompts
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from include.generation.conversing import first_request
+from include.engine.conversing import first_request
 from include.servers.first_requests import preflight_run
 from include.tokenization import count_prompt_tokens, load_tokenizer
 from tests.fixtures.standins import standins  # noqa: F401 - the fixture is used by name

@@ -183,7 +183,7 @@ def test_a_one_line_fenced_command_is_not_followed_by_the_datasets_observation()
 def test_the_ends_the_run_reports_are_the_ends_of_what_was_sent() -> None:
     # The engine's side (generation.conversing) drives the chain, the tokenization stage
     # counts the final records' ends for the report: both must say what the server received.
-    from include.generation.conversing import Conversations
+    from include.engine.conversing import Conversations
     from include.tokenization.conversations import explode
 
     def agent(i: int) -> dict:

@@ -459,7 +459,7 @@ def test_the_deployments_server_addresses_cover_every_tp_size() -> None:
 
 
 def test_a_conversations_turn_records_are_not_counted_as_prompts(tmp_path) -> None:
-    from include.generation.journal import StoreJournal
+    from include.durability.journal import StoreJournal
 
     run = LocalStore(tmp_path / "r")
     write_run(run, {"shard-00000": ShardSpec(completed=2, journal_only=True)})

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from include.durability.journal_settings import JournalSettingsError
 from include.generation import shard as shard_stage
 from include.generation.shard import generate_shard, publish_shard
 from include.layout import journal_settings_key, regeneration_prefix, shard_key, started_key
@@ -15,7 +16,6 @@ from include.pipeline.binding import outputs_uri
 from include.prompts.prepare import encode_record
 from include.settings import RunSettings
 from include.settings.run import COMPLETION_SETTINGS
-from include.settings.validation import JournalSettingsError
 from include.storage import LocalStore
 from tests.fixtures.settings import deployment_env, deployment_settings
 

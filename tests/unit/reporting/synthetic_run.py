@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from include.generation.journal import StoreJournal
+from include.durability.journal import StoreJournal
 from include.generation.shard import build_shard_output
 from include.layout import MANIFEST_KEY, pretokenized_key, shard_index, tokenized_keys
 from include.storage import Store, publish_files, publish_generated_shard

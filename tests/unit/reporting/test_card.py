@@ -173,7 +173,7 @@ def test_datasets_loads_the_tokenized_shards_by_the_cards_data_files(
     import datasets
     import pyarrow.parquet as pq
 
-    from include.generation.journal import StoreJournal
+    from include.durability.journal import StoreJournal
     from include.generation.shard import build_shard_output
     from include.storage import publish_generated_shard
     from include.tokenization import tokenize_shard

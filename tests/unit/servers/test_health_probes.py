@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from include.generation.pool import ServerPool
+from include.engine.pool import ServerPool
 from include.monitor.runs import RunMonitor
 from include.servers.commands import ServerSpec
 from include.servers.expectations import ModelExpectation

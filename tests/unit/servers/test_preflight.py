@@ -165,7 +165,7 @@ def test_a_whole_conversation_is_preflighted_with_its_first_turn_as_the_engine_b
     from types import SimpleNamespace
 
     from include.conversations import chain
-    from include.generation.conversing import Conversations
+    from include.engine.conversing import Conversations
     from include.servers.first_requests import longest_prompt
 
     settings = SimpleNamespace(**RUN)

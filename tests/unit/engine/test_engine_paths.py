@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from include.generation import client as c
-from include.generation.engine import EngineConfig, _Item, _Run
-from include.generation.journal import FileJournal
-from include.generation.pool import ServerPool
+from include.durability.journal import FileJournal
+from include.engine import client as c
+from include.engine.dispatch import EngineConfig, _Item, _Run
+from include.engine.pool import ServerPool
 
 
 def _config() -> EngineConfig:

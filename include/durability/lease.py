@@ -23,7 +23,7 @@ summary and the published manifest carry it, and ``publish_shard`` refuses a tok
 than the newest generation (a fenced-out holder's late upload). A holder paused between its
 last check and a PUT cannot stop that PUT, so each generation's body also records the
 segments it resumes from (``"segments"``), and readers count no other segment of an earlier
-generation (``include.generation.fencing``).
+generation (``include.durability.fencing``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from include.generation.outcome import GenerationError
+from include.engine.outcome import GenerationError
 from include.layout import beat_key, beats_prefix, lease_key, lease_prefix, released_key
 from include.storage import ObjectExistsError, Store
 

@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from include.generation import client as c
-from include.generation.journal import Journal, is_final
-from include.generation.outcome import PromptStatus
-from include.generation.server_states import ServerStatus
+from include.durability.journal import Journal, is_final
+from include.engine import client as c
+from include.engine.outcome import PromptStatus
+from include.engine.server_states import ServerStatus
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from include.generation.engine import EngineConfig, _Run
-from include.generation.journal import FileJournal
-from include.generation.pool import ServerPool
-from include.generation.startup import PromptCounter, take_sure_fits, template_bytes
+from include.durability.journal import FileJournal
+from include.engine.dispatch import EngineConfig, _Run
+from include.engine.pool import ServerPool
+from include.engine.startup import PromptCounter, take_sure_fits, template_bytes
 from include.sglang.length import token_budget
 from include.tokenization import TokenizerError, count_prompt_tokens, load_tokenizer
 from sglang_standin.tokenizer import build_chat_tokenizer

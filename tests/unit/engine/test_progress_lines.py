@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from include.generation import engine
-from include.generation.engine import EngineConfig, _Run
-from include.generation.journal import FileJournal
+from include.durability.journal import FileJournal
+from include.engine import dispatch as engine
+from include.engine.dispatch import EngineConfig, _Run
 
 
 def test_the_first_progress_line_comes_within_a_second_then_every_interval(tmp_path,

@@ -7,7 +7,7 @@ import collections
 import pytest
 from pydantic import ValidationError
 
-from include.generation.variants import count_by_thinking, sampling_for, variant_of
+from include.engine.variants import count_by_thinking, sampling_for, variant_of
 from include.settings.fields import SamplingVariants
 
 MIX = {"temperature": [0.6, 1.0], "enable_thinking": [True, False]}

@@ -2,7 +2,7 @@
 
 A server that is alive but misbehaving never loses its in-flight work; only a server that is
 gone does. The states (in rotation, resting, ejected) and every move between them are pure
-decisions in ``include.generation.server_states``; the pool feeds them what it observes
+decisions in ``include.engine.server_states``; the pool feeds them what it observes
 (request results, ``/health`` probes, the time) and carries out what they decide: it logs,
 cancels an ejected server's in-flight requests so the engine sends them elsewhere, and wakes
 the dispatcher when a server's room changes.
@@ -22,10 +22,10 @@ from typing import Any
 
 import aiohttp
 
-from include.generation import server_states as st
-from include.generation.client import ErrorKind
-from include.generation.server_states import PROBES_TO_EJECT, ServerHealth, ServerStatus
-from include.generation.window import next_window, parse_metrics
+from include.engine import server_states as st
+from include.engine.client import ErrorKind
+from include.engine.server_states import PROBES_TO_EJECT, ServerHealth, ServerStatus
+from include.engine.window import next_window, parse_metrics
 from include.sglang import aio
 from include.sglang.contract import (
     Failure,

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from include.generation.claims import LeaseBusy, wait_for_turn
-from include.generation.lease import newest
+from include.durability.claims import LeaseBusy, wait_for_turn
+from include.durability.lease import newest
 from include.storage import LocalStore
 
 PREFIX = "journal/shard-00005"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from include.generation.journal import FileJournal, StoreJournal
+from include.durability.journal import FileJournal, StoreJournal
 from include.storage import LocalStore, StoreError
 
 

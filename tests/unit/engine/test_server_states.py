@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from include.generation import server_states as st
-from include.generation.server_states import PROBES_TO_EJECT, Policy, ServerHealth
+from include.engine import server_states as st
+from include.engine.server_states import PROBES_TO_EJECT, Policy, ServerHealth
 
 POLICY = Policy(cool_down_after_failures=3, cool_down_s=5.0, cool_down_max_s=30.0)
 

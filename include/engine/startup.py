@@ -108,7 +108,7 @@ def take_sure_fits(unplanned: collections.deque[dict[str, Any]], counter: Any, c
     its bound. Nothing once the tokenizer is ready, for a counter that cannot bound (a plain
     function), or when the front prompt needs its exact count (it waits for the tokenizer).
     """
-    from include.generation.conversing import is_conversation
+    from include.engine.conversing import is_conversation
 
     if getattr(counter, "ready", None) is None or counter.ready():
         return []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from include.generation import client as c
-from include.generation.pool import PROBES_TO_EJECT, ServerPool
+from include.engine import client as c
+from include.engine.pool import PROBES_TO_EJECT, ServerPool
 
 
 def _pool(cool_down_s: float = 60.0, window: int = 4) -> ServerPool:

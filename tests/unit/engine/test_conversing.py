@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from include.conversations import chain
-from include.generation import conversing
-from include.generation.conversing import Conversations
+from include.engine import conversing
+from include.engine.conversing import Conversations
 
 
 @dataclass

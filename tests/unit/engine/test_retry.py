@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from include.generation import client as c
-from include.generation.config import EngineConfig
-from include.generation.retry import RetryDecision, decide_retry
+from include.engine import client as c
+from include.engine.config import EngineConfig
+from include.engine.retry import RetryDecision, decide_retry
 
 CONFIG = EngineConfig(model="m", context_length=8192, max_tokens=1024, context_margin=16,
                       min_completion_tokens=8, sampling={}, max_attempts=3,

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from include.durability.journal_settings import (
+    completion_differences,
+    record_shard_settings,
+)
 from include.layout import (
     MANIFEST_KEY,
     journal_prefix,
@@ -17,10 +21,6 @@ from include.layout import (
 from include.pipeline.check_settings import check_settings
 from include.settings import RunSettings, SettingsError
 from include.settings.run import COMPLETION_SETTINGS, PREPARATION_SETTINGS
-from include.settings.validation import (
-    completion_differences,
-    record_shard_settings,
-)
 from include.storage import LocalStore
 from tests.fixtures.settings import deployment_settings
 

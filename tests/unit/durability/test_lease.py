@@ -11,10 +11,10 @@ import types
 
 import pytest
 
-from include.generation import lease
-from include.generation.claims import LeaseBusy, wait_for_turn
-from include.generation.journal import StoreJournal
-from include.generation.lease import LeaseLost, newest, try_take
+from include.durability import lease
+from include.durability.claims import LeaseBusy, wait_for_turn
+from include.durability.journal import StoreJournal
+from include.durability.lease import LeaseLost, newest, try_take
 from include.generation.shard import publish_shard
 from include.layout import beat_key, journal_prefix, lease_key, output_keys, shard_key
 from include.pipeline.airflow_state import airflow_run_is_live

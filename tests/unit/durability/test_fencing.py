@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from include.generation import journal as journal_module
-from include.generation.claims import wait_for_turn
-from include.generation.journal import StoreJournal
-from include.generation.lease import LeaseState
+from include.durability import journal as journal_module
+from include.durability.claims import wait_for_turn
+from include.durability.journal import StoreJournal
+from include.durability.lease import LeaseState
 from include.generation.shard import load_journal_records, publish_shard
 from include.layout import journal_prefix, lease_key, shard_key
 from include.prompts.prepare import encode_record
@@ -162,7 +162,7 @@ def test_turn_records_of_a_stale_holder_are_fenced_out(tmp_path) -> None:
 
 
 def test_each_generation_records_the_segments_it_resumes_from(tmp_path) -> None:
-    from include.generation.fencing import resume_point
+    from include.durability.fencing import resume_point
 
     store = LocalStore(tmp_path)
     first = _take(store, "run-1")
@@ -181,7 +181,7 @@ def test_each_generation_records_the_segments_it_resumes_from(tmp_path) -> None:
 
 
 def test_what_a_segment_key_says_and_who_is_never_fenced() -> None:
-    from include.generation.fencing import parse_segment, segment_key, vouched
+    from include.durability.fencing import parse_segment, segment_key, vouched
 
     tagged = segment_key("journal/s/", 5, "00000003" + "ab" * 6, 7)
     assert parse_segment(tagged) == parse_segment(tagged).__class__(3, "00000003" + "ab" * 6, 7)

@@ -5,7 +5,7 @@ still generating, or a run re-triggered before the last one ended; and two tries
 can overlap (a zombie try Airflow gave up on, and its retry). The journal keeps the output
 exactly-once either way (records merge by prompt id), but both would spend GPU time on the
 same prompts, and only one may publish. So each generating try holds the shard's lease
-(``include.generation.lease``: create-only generations, a heartbeat, a fencing token), and a
+(``include.durability.lease``: create-only generations, a heartbeat, a fencing token), and a
 try that finds it held waits:
 
 * held and renewed: wait (whoever holds it, this run's own zombie try included);
@@ -27,8 +27,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from include.generation.fencing import resume_point
-from include.generation.lease import (
+from include.durability.fencing import resume_point
+from include.durability.lease import (
     LEASE_TTL_S,
     Lease,
     LeaseState,

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from include.generation import client as c
-from include.generation.config import EngineConfig
+from include.engine import client as c
+from include.engine.config import EngineConfig
 from include.sglang.length import prompt_tokens_from_length_error
 
 Verdict = Literal["complete", "retry", "fail", "rebudget", "fatal"]

@@ -32,7 +32,7 @@ from include.conversations.affinity import Placement, ServerView, choose_server
 from include.conversations.budget import turn_budget
 from include.conversations.records import conversation_record
 from include.conversations.resume import ResumeError, resume, turn_record
-from include.generation.server_states import ServerStatus
+from include.engine.server_states import ServerStatus
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from include.conversations import chain
-from include.generation import client as c
-from include.generation.pool import ServerState
+from include.engine import client as c
+from include.engine.pool import ServerState
 from include.sglang.length import token_budget
 
 

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from include.generation.lease import LeaseState, newest
+from include.durability.lease import LeaseState, newest
 from include.layout import compacted_keys
 from include.storage import Store
 

@@ -35,9 +35,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from include.generation.client import RETRYABLE
-from include.generation.fencing import list_vouched, segment_key
-from include.generation.outcome import PromptStatus
+from include.durability.fencing import list_vouched, segment_key
+from include.engine.client import RETRYABLE
+from include.engine.outcome import PromptStatus
 from include.layout import compacted_keys
 from include.storage import Store, sha256_hex, write_verified
 
@@ -177,7 +177,7 @@ class StoreJournal:
     generation, ``00000003``) starts the writer id in each segment's key, the fencing token
     on every segment (digits only: the writer id stays hex, as readers of the keys expect).
     A holder paused after its last check can still land a PUT late: readers fence that out
-    by the segment's generation and number (``include.generation.fencing``). So the segments
+    by the segment's generation and number (``include.durability.fencing``). So the segments
     go out strictly one after another, numbered from 0: each writer's first n are the ones
     in the store.
     """
@@ -323,7 +323,7 @@ class StoreJournal:
 
 def read_segments(store: Store, prefix: str) -> list[tuple[str, bytes]]:
     """Return the journal's segments as ``(key, bytes)`` in merge order: only those the
-    newest lease generation counts (``include.generation.fencing``: a write that landed after
+    newest lease generation counts (``include.durability.fencing``: a write that landed after
     a takeover is never read).
 
     A compacted journal is its one object, then any segment it does not hold (none, unless

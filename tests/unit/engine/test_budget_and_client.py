@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from include.generation.client import (
+from include.engine.client import (
     ChatRequest,
     ChatResult,
     ErrorKind,
     _parse_completion,
     build_body,
 )
-from include.generation.window import next_window, parse_metrics
+from include.engine.window import next_window, parse_metrics
 from include.sglang.length import prompt_tokens_from_length_error, token_budget
 
 # The three texts, verbatim from SGLang (shared/docs/sglang-contract.md).
@@ -175,7 +175,7 @@ def test_clients_sharing_a_server_converge_without_starving_it() -> None:
 def test_a_shard_outcome_repr_leaves_the_records_out() -> None:
     # asyncio.run (3.11) reprs the run's result as it ends: a repr of every record, text and
     # token ids was ~6% of a shard's client CPU.
-    from include.generation.outcome import ShardOutcome
+    from include.engine.outcome import ShardOutcome
 
     records = {f"p{i}": {"id": f"p{i}", "text": "x" * 1000} for i in range(100)}
     outcome = ShardOutcome("shard-00001", 100, 0, records, {"completed": 100}, 0, 1.0, 0, [])

@@ -27,21 +27,21 @@ from typing import Any
 
 import aiohttp
 
-from include.generation import client as c
-from include.generation.config import EngineConfig
-from include.generation.conversing import Conversations, is_conversation
-from include.generation.engine_turns import ConversationSteps
-from include.generation.journal import Journal
-from include.generation.outcome import (
+from include.durability.journal import Journal
+from include.engine import client as c
+from include.engine.config import EngineConfig
+from include.engine.conversing import Conversations, is_conversation
+from include.engine.outcome import (
     GenerationError,
     ShardOutcome,
     check_accounting,
 )
-from include.generation.pool import ServerPool, ServerState, unauthorized_cause
-from include.generation.retry import decide_retry
-from include.generation.startup import take_sure_fits
-from include.generation.tally import Tally
-from include.generation.variants import count_by_thinking, sampling_for
+from include.engine.pool import ServerPool, ServerState, unauthorized_cause
+from include.engine.retry import decide_retry
+from include.engine.startup import take_sure_fits
+from include.engine.tally import Tally
+from include.engine.turns import ConversationSteps
+from include.engine.variants import count_by_thinking, sampling_for
 from include.sglang.contract import bearer
 from include.sglang.length import token_budget
 
