@@ -22,7 +22,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -40,7 +39,7 @@ from include.engine.pool import ServerPool, ServerState, unauthorized_cause
 from include.engine.retry import decide_retry
 from include.engine.startup import take_sure_fits
 from include.engine.tally import Tally
-from include.engine.turns import ConversationSteps
+from include.engine.turns import ConversationSteps, Item
 from include.engine.variants import count_by_thinking, sampling_for
 from include.sglang.contract import bearer
 from include.sglang.length import token_budget
@@ -53,21 +52,6 @@ log = logging.getLogger(__name__)
 PLAN_CHUNK = 256
 #: Retry reason of requests taken back from an ejected server.
 SERVER_EJECTED = "server_ejected"
-
-
-@dataclass
-class _Item:
-    record: dict[str, Any]
-    prompt_tokens: int
-    max_tokens: int
-    #: Requests sent for this prompt, and the failures among them counted against it.
-    attempts: int = 0
-    charged: int = 0
-    length_retried: bool = False
-    #: A whole conversation's current request (None: the prompt's own messages).
-    messages: list[dict[str, str]] | None = None
-    #: The sampling this prompt is sent with (the run's, or its variant's).
-    sampling: dict[str, Any] | None = None
 
 
 class _Run(ConversationSteps):
@@ -89,7 +73,7 @@ class _Run(ConversationSteps):
         self.journal = journal
         self.cfg = config
         self.headers = bearer(config.api_key)
-        self.pending: collections.deque[_Item] = collections.deque()
+        self.pending: collections.deque[Item] = collections.deque()
         self.unplanned: collections.deque[dict[str, Any]] = collections.deque()
         self.delayed = 0
         self.in_flight = 0
@@ -204,7 +188,7 @@ class _Run(ConversationSteps):
         context, cfg = self._context_length(), self.cfg
         if sure := take_sure_fits(self.unplanned, self.count_tokens, context, cfg.max_tokens,
                                   cfg.context_margin, PLAN_CHUNK):
-            self.pending.extend(_Item(r, bound, cfg.max_tokens, sampling=self.sampling_of(r))
+            self.pending.extend(Item(r, bound, cfg.max_tokens, sampling=self.sampling_of(r))
                                 for r, bound in sure)
             return
         chunk = [self.unplanned[i] for i in range(min(PLAN_CHUNK, len(self.unplanned)))]
@@ -213,13 +197,13 @@ class _Run(ConversationSteps):
         counts = self._count(single, samplings)
         for record in chunk:
             if is_conversation(record):
-                self._plan_turn(_Item(record, 0, 0, sampling=self.sampling_of(record)))
+                self._plan_turn(Item(record, 0, 0, sampling=self.sampling_of(record)))
         for _ in chunk:  # taken off only once counted: a tokenizer error loses nothing
             self.unplanned.popleft()
         for record, p_tokens, sampling in zip(single, counts, samplings, strict=True):
             budget = token_budget(p_tokens, context, self.cfg.max_tokens,
                                   self.cfg.context_margin, self.cfg.min_completion_tokens)
-            item = _Item(record, p_tokens, budget.max_tokens, sampling=sampling)
+            item = Item(record, p_tokens, budget.max_tokens, sampling=sampling)
             if budget.skip_reason:
                 self.tally.skip(item.record["id"], item.prompt_tokens, budget.skip_reason,
                                 budget.detail)
@@ -291,7 +275,7 @@ class _Run(ConversationSteps):
             except TimeoutError:
                 pass
 
-    def _start(self, session: aiohttp.ClientSession, server: ServerState, item: _Item,
+    def _start(self, session: aiohttp.ClientSession, server: ServerState, item: Item,
                timeout: Any) -> None:
         item.attempts += 1
         request = c.ChatRequest(item.record["id"], item.messages or item.record["messages"],
@@ -306,7 +290,7 @@ class _Run(ConversationSteps):
         server.tasks.add(task)
         task.add_done_callback(lambda t: self._done(t, server, item, seq))
 
-    def _done(self, task: asyncio.Task[c.ChatResult], server: ServerState, item: _Item,
+    def _done(self, task: asyncio.Task[c.ChatResult], server: ServerState, item: Item,
               seq: int) -> None:
         server.in_flight -= 1
         self.in_flight -= 1
@@ -332,7 +316,7 @@ class _Run(ConversationSteps):
             if item.record["id"] not in self.tally.records:
                 self.pending.appendleft(item)
 
-    def _handle(self, result: c.ChatResult, server: ServerState, item: _Item, seq: int) -> None:
+    def _handle(self, result: c.ChatResult, server: ServerState, item: Item, seq: int) -> None:
         if result.ok:
             self.pool.record_success(server, int(result.usage.get("completion_tokens") or 0),
                                      seq)
@@ -371,7 +355,7 @@ class _Run(ConversationSteps):
         else:
             self.tally.fail(item.record["id"], result, item.attempts)
 
-    def _rebudget(self, item: _Item, server_p: int) -> None:
+    def _rebudget(self, item: Item, server_p: int) -> None:
         # The server counts P differently from our tokenizer (another chat template?):
         # trust its count, rebudget once, and say so, since it means the counts disagree.
         log.warning("%s: prompt %s: server counted %d prompt tokens, we counted %d; "
@@ -388,7 +372,7 @@ class _Run(ConversationSteps):
         item.length_retried = True
         self.pending.appendleft(item)
 
-    def _retry_later(self, item: _Item, delay_s: float | None) -> None:
+    def _retry_later(self, item: Item, delay_s: float | None) -> None:
         if delay_s is None:
             # The failing server rests, so sending it again now causes no storm against it.
             self._requeue(item)

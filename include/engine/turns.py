@@ -6,29 +6,56 @@ turn with its next request (``_plan_turn``) until its chain ends (``_finish_conv
 
 from __future__ import annotations
 
+import collections
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from include.conversations import chain
 from include.engine import client as c
 from include.engine.pool import ServerState
 from include.sglang.length import token_budget
 
+if TYPE_CHECKING:
+    from include.durability.journal import Journal
+    from include.engine.config import EngineConfig
+    from include.engine.conversing import Conversations
+    from include.engine.pool import ServerPool
+    from include.engine.tally import Tally
+
+
+@dataclass
+class Item:
+    """One prompt (or conversation) in the engine: its record, budget and tries."""
+
+    record: dict[str, Any]
+    prompt_tokens: int
+    max_tokens: int
+    #: Requests sent for this prompt, and the failures among them counted against it.
+    attempts: int = 0
+    charged: int = 0
+    length_retried: bool = False
+    #: A whole conversation's current request (None: the prompt's own messages).
+    messages: list[dict[str, str]] | None = None
+    #: The sampling this prompt is sent with (the run's, or its variant's).
+    sampling: dict[str, Any] | None = None
+
 
 class ConversationSteps:
-    """What ``engine._Run`` does with a conversation's turn (needs its ``conv``, ``cfg``,
-    ``tally``, ``journal``, ``pending`` and ``pool``)."""
+    """What the engine's run (``dispatch._Run``) does with a conversation's turn; the run
+    provides the attributes declared here."""
 
-    conv: Any
-    count_tokens: Any
-    cfg: Any
-    tally: Any
-    journal: Any
-    pending: Any
-    pool: Any
-    _context_length: Any  # the engine's method: the context budgets use
+    conv: Conversations | None
+    count_tokens: Callable[..., list[int]]
+    cfg: EngineConfig
+    tally: Tally
+    journal: Journal
+    pending: collections.deque[Item]
+    pool: ServerPool
+    _context_length: Callable[[], int]  # the run's method: the context the budgets use
 
-    def _plan_turn(self, item: Any, previous: str | None = None) -> None:
+    def _plan_turn(self, item: Item, previous: str | None = None) -> None:
         """Queue a conversation's next turn, or finish it (ended, or its turn cannot fit)."""
         assert self.conv is not None
         thinking = (item.sampling or {}).get("enable_thinking")
@@ -46,7 +73,7 @@ class ConversationSteps:
         self.conv.place(item, previous, self.pool.servers if getattr(self, "pool", None)
                         else [], self.pending)
 
-    def _turn_done(self, item: Any, result: c.ChatResult, server: ServerState) -> None:
+    def _turn_done(self, item: Item, result: c.ChatResult, server: ServerState) -> None:
         assert self.conv is not None
         extra = {"model": result.model, "server_version": server.version,
                  "weight_version": result.weight_version,
@@ -64,14 +91,14 @@ class ConversationSteps:
         else:
             self._plan_turn(item, previous=server.url)
 
-    def _turn_failed(self, item: Any, result: c.ChatResult) -> None:
+    def _turn_failed(self, item: Item, result: c.ChatResult) -> None:
         assert self.conv is not None
         self.conv.end(item.record["id"], chain.ConversationEnd.FAILED,
                       f"{result.error_kind} on {result.server} (HTTP {result.status}): "
                       f"{result.error[:300]}")
         self._finish_conversation(item, failure=result)
 
-    def _rebudget_turn(self, item: Any, server_p: int) -> None:
+    def _rebudget_turn(self, item: Item, server_p: int) -> None:
         # The server counted this turn's prompt: its count is the one to budget from.
         budget = token_budget(server_p, self._context_length(), self.cfg.max_tokens,
                               self.cfg.context_margin, self.cfg.min_completion_tokens)
@@ -84,7 +111,7 @@ class ConversationSteps:
         item.prompt_tokens, item.max_tokens, item.length_retried = server_p, budget.max_tokens, True
         self.pending.appendleft(item)
 
-    def _finish_conversation(self, item: Any, failure: c.ChatResult | None = None) -> None:
+    def _finish_conversation(self, item: Item, failure: c.ChatResult | None = None) -> None:
         assert self.conv is not None
         fields: dict[str, Any] = {"model": self.cfg.model,
                                   "sampling": dict(item.sampling or self.cfg.sampling)}
@@ -97,7 +124,7 @@ class ConversationSteps:
         if record.get("finish_reason") == "length":
             self.tally.truncated += 1
 
-    def _requeue(self, item: Any, front: bool = False) -> None:
+    def _requeue(self, item: Item, front: bool = False) -> None:
         # A conversation's turn goes back through affinity: to the server holding its
         # history, or elsewhere as a counted move when that server rests or is gone.
         if item.messages is not None and self.conv is not None:

@@ -6,8 +6,9 @@ import pytest
 
 from include.durability.journal import FileJournal
 from include.engine import client as c
-from include.engine.dispatch import EngineConfig, _Item, _Run
+from include.engine.dispatch import EngineConfig, _Run
 from include.engine.pool import ServerPool
+from include.engine.turns import Item
 
 
 def _config() -> EngineConfig:
@@ -25,7 +26,7 @@ def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) ->
                journal, _config())
     run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
                           max_window=1, cool_down_after_failures=3, health_interval_s=1)
-    item = _Item(_prompt(0), 5, 64, attempts=1)
+    item = Item(_prompt(0), 5, 64, attempts=1)
     result = c.ChatResult(server="http://s", status=401, error_kind=c.ErrorKind.UNAUTHORIZED,
                           error="Unauthorized")
     run._handle(result, run.pool.servers[0], item, 1)
