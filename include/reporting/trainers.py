@@ -28,7 +28,8 @@ from include.storage import ObjectExistsError, Store
 #: SpecForge's ``data.max_length`` default (``specforge/config/schema.py`` ``DataConfig``):
 #: a longer pre-tokenized row is cut there without a word (``prompt_builder``).
 SPECFORGE_DEFAULT_MAX_LENGTH = 2048
-#: speculators' ``prepare-data --seq-length`` default; longer rows are cut as well.
+#: speculators' ``prepare-data --seq-length`` and ``train --total-seq-len`` defaults; longer
+#: rows are cut as well.
 SPECULATORS_DEFAULT_SEQ_LENGTH = 8192
 #: The ``text_path`` counts of the tokenized manifests, summed by ``export_figures``.
 TEXT_PATH_KEYS = ("rows", "end_of_turn_newline", "retokenized_text_differs", "without_system",
@@ -96,10 +97,12 @@ def specforge_data_block(longest_row: int) -> list[str]:
 
 def speculators_command(model: str, longest_row: int) -> list[str]:
     """Return speculators' ``prepare-data`` and ``train`` command lines for this run."""
+    n = max(longest_row, 1)
+    packed = max(n, SPECULATORS_DEFAULT_SEQ_LENGTH)  # train packs rows to this and cuts longer
     return [f"speculators prepare-data --model {model} --data ./{PRETOKENIZED_PREFIX} \\",
-            f"    --seq-length {max(longest_row, 1)} --output ./prepared",
-            "speculators train --verifier-name-or-path " + model
-            + " --data-path ./prepared --speculator-type eagle3"]
+            f"    --seq-length {n} --output ./prepared",
+            f"speculators train --verifier-name-or-path {model} --data-path ./prepared \\",
+            f"    --speculator-type eagle3 --total-seq-len {packed}"]
 
 
 def training_lines(export: Mapping[str, Any], figures: Mapping[str, Any], model: str,
@@ -127,8 +130,12 @@ def training_lines(export: Mapping[str, Any], figures: Mapping[str, Any], model:
         f"this run's longest row, {longest:,} tokens{cut_default}:", "",
         "```yaml", *specforge_data_block(longest), "```", "",
         "**speculators** (pre-tokenized rows pass through `prepare-data` unchanged; "
-        "`--seq-length` at least the longest row):", "",
+        "`--seq-length` and `train`'s `--total-seq-len` at least the longest row, or it cuts "
+        "them):", "",
         "```bash", *speculators_command(model, longest), "```", "",
+        "`prepare-data` keeps `input_ids`, `loss_mask` and `seq_len` only (shuffled, seed 0): "
+        "the `id` that joins a row to its provenance stays in these files. `train` holds out "
+        "10% of the prepared rows for validation (`--train-data-ratio`, default 0.9).", "",
         "**NeMo Automodel** (EAGLE-3): its data path takes `messages`/`conversations` only, "
         "never token ids, and Qwen3's template has no `{% generation %}` markers, so it "
         "cannot mask multi-turn answers: it cannot train on these rows exactly. The closest "
