@@ -107,6 +107,16 @@ def journal_prefix(shard: str) -> str:
     return f"{JOURNAL_PREFIX}/{shard}"
 
 
+#: A journal segment's name: ``part-<ns>-<generation:08d><writer hex12>-<seq:06d>.jsonl``
+#: (the generation is absent for a writer without a lease); ``durability.fencing`` reads it.
+SEGMENT_NAME = re.compile(r"part-\d+-(\d{8})?([0-9a-f]{12})-(\d+)\.jsonl$")
+
+
+def segment_key(prefix: str, now_ns: int, writer: str, seq: int) -> str:
+    """Return the key of journal segment ``seq`` of ``writer`` (``prefix`` ends with ``/``)."""
+    return f"{prefix}part-{now_ns:020d}-{writer}-{seq:06d}.jsonl"
+
+
 def started_key(shard: str) -> str:
     """Return the key of the marker a shard writes when its generation starts."""
     return f"{journal_prefix(shard)}/started"

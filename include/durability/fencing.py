@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from include.durability.lease import LeaseState, newest
-from include.layout import compacted_keys
+from include.layout import SEGMENT_NAME, compacted_keys
 from include.storage import Store
 
 log = logging.getLogger(__name__)
 
-_SEGMENT_RE = re.compile(r"part-\d+-(\d{8})?([0-9a-f]{12})-(\d+)\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -49,14 +47,9 @@ class Segment:
     seq: int
 
 
-def segment_key(prefix: str, now_ns: int, writer: str, seq: int) -> str:
-    """Return the key of segment ``seq`` of ``writer`` (``prefix`` ends with ``/``)."""
-    return f"{prefix}part-{now_ns:020d}-{writer}-{seq:06d}.jsonl"
-
-
 def parse_segment(key: str) -> Segment | None:
     """Return what a segment key says, or None for a key not written by a journal writer."""
-    match = _SEGMENT_RE.search(key.rsplit("/", 1)[-1])
+    match = SEGMENT_NAME.search(key.rsplit("/", 1)[-1])
     if match is None:
         return None
     tag, hex_id, seq = match.groups()

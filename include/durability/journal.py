@@ -35,10 +35,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from include.durability.fencing import list_vouched, segment_key
+from include.durability.fencing import list_vouched
 from include.engine.client import RETRYABLE
 from include.engine.outcome import PromptStatus
-from include.layout import compacted_keys
+from include.layout import compacted_keys, segment_key
 from include.storage import Store, sha256_hex, write_verified
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cachetools import LRUCache, TTLCache
@@ -58,7 +57,7 @@ from include.monitor.states import FILE_WORDS
 from include.servers.launch_report import own_server_url
 from include.sglang import sync as sglang_sync
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
-from include.storage import LocalStore, S3Store, Store
+from include.storage import Store
 
 #: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
 DAG_ID = "regenerate_drafter_data"
@@ -159,20 +158,10 @@ class RunMonitor:
     # --- discovery -------------------------------------------------------------------------
     def run_names(self) -> list[str]:
         """Return the run folders under the root (those holding ``prompts/manifest.json``)."""
-        inner = getattr(self.store, "inner", self.store)
         # One folder-level listing, never a listing of every file of every run.
-        if isinstance(inner, LocalStore):
-            root = Path(inner.root)
-            folders = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-        elif isinstance(inner, S3Store):
-            base = f"{inner.prefix}/" if inner.prefix else ""
-            pages = inner.client.get_paginator("list_objects_v2").paginate(
-                Bucket=inner.bucket, Prefix=base, Delimiter="/")
-            folders = [p["Prefix"][len(base):].rstrip("/")
-                       for page in pages for p in page.get("CommonPrefixes", ())]
-        else:
-            folders = sorted({k.split("/")[0] for k in self.store.list("") if "/" in k})
-        return sorted(n for n in folders if self.store.exists(f"{n}/prompts/manifest.json"))
+        _, folders = self.store.list_children("")
+        names = [f.rstrip("/") for f in folders]
+        return sorted(n for n in names if self.store.exists(f"{n}/{MANIFEST_KEY}"))
 
     def _fact(self, key: str, extract: Callable[[dict[str, Any]], Any]) -> Any:
         """Return ``extract(json at key)`` of a create-only file, parsed once."""

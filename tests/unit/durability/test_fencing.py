@@ -181,7 +181,8 @@ def test_each_generation_records_the_segments_it_resumes_from(tmp_path) -> None:
 
 
 def test_what_a_segment_key_says_and_who_is_never_fenced() -> None:
-    from include.durability.fencing import parse_segment, segment_key, vouched
+    from include.durability.fencing import parse_segment, vouched
+    from include.layout import segment_key
 
     tagged = segment_key("journal/s/", 5, "00000003" + "ab" * 6, 7)
     assert parse_segment(tagged) == parse_segment(tagged).__class__(3, "00000003" + "ab" * 6, 7)

@@ -300,7 +300,9 @@ def test_live_runs_lists_each_run_once_per_ttl_and_never_the_whole_store(tmp_pat
     assert [r["run_name"] for r in first] == ["one", "two"]
     # A folder at a time, never a recursive listing of the store or of a run.
     assert store.lists == [] and store.children
-    assert {p.split("/")[0] for p in store.children} == {"one", "two"}
+    # The root too, a folder level at a time (the runs), through the store's own listing.
+    assert {p.split("/")[0] for p in store.children} == {"", "one", "two"}
+    assert store.children.count("") == 1
     per_refresh, reads = len(store.children), len(store.reads)
     assert monitor.live_runs() == first  # a second request within the TTL costs nothing
     assert (len(store.children), len(store.reads)) == (per_refresh, reads)
