@@ -14,12 +14,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from include.engine.outcome import PromptStatus
 from include.monitor.runs import DAG_ID, RATE_WINDOW_S
 from include.monitor.states import (
     FILE_WORDS,
     LIVE_RUN_STATES,
     NO_STATUS,
     RECENT_RUNS,
+    ShardPhase,
     page_order,
 )
 
@@ -104,7 +106,7 @@ _REFRESH_JS = (
 
 _HEALTH_CLASS = {FILE_WORDS["healthy"]: "ok", "not": "muted"}  # "not probed (...)"
 #: The file parts of a section without an Airflow run, in page order: (key, shards of loc).
-_FILE_PARTS = ("journal_writing", "generated", "no_journal")
+_FILE_PARTS = (ShardPhase.JOURNAL_WRITING, ShardPhase.GENERATED, ShardPhase.NO_JOURNAL)
 
 
 def _e(value: object) -> str:
@@ -165,7 +167,7 @@ def _shard_chip(shard: Mapping[str, Any], words: Mapping[str, str],
         g = {x["shard_id"]: x for x in files["generating"]}.get(shard["shard_id"])
         note = (f" {g['finished']}/{g['prompts']}<span class='bar'><i style='width:"
                 f"{100 * g['finished'] // max(g['prompts'], 1)}%'></i></span>" if g
-                else f" <span class='muted'>{_e(FILE_WORDS['no_journal'])}</span>")
+                else f" <span class='muted'>{_e(FILE_WORDS[ShardPhase.NO_JOURNAL])}</span>")
     step = "" if shard["state"] == "success" else (
         f" <span class='muted'>{_e(task)} {_e(_word(words, shard['state']))}</span>")
     return (f"<a class='chip st-{_e(shard['state'])}' data-shard='{_e(shard['shard_id'])}' "
@@ -211,10 +213,10 @@ def _file_stats(files: Mapping[str, Any], shards_in_run: int) -> str:
     done = f"{files['shards_done']}/{shards_in_run}" if files["location"] == "." else (
         files["shards_done"])
     return ("<div class='stats'>"
-            + _stat("done", "shards " + FILE_WORDS["tokenized"], done)
-            + _stat("completed", FILE_WORDS["completed"], r["completed"])
+            + _stat("done", "shards " + FILE_WORDS[ShardPhase.TOKENIZED], done)
+            + _stat("completed", FILE_WORDS[PromptStatus.COMPLETED], r["completed"])
             + _stat("truncated", FILE_WORDS["truncated"], r["truncated"])
-            + _stat("skipped", FILE_WORDS["skipped"], r["skipped"])
+            + _stat("skipped", FILE_WORDS[PromptStatus.SKIPPED], r["skipped"])
             + _stat("failed", FILE_WORDS["prompt_failed"], r["failed"])
             + _stat("written", FILE_WORDS["written"], t["written"])
             + _stat("quarantined", FILE_WORDS["quarantined"], t["quarantined"])
@@ -225,8 +227,8 @@ def _file_stats(files: Mapping[str, Any], shards_in_run: int) -> str:
 
 def _file_parts(files: Mapping[str, Any]) -> str:
     """The shards by their files, for a section no recent Airflow run speaks for."""
-    names = {"journal_writing": [g["shard_id"] for g in files["generating"]],
-             "generated": files["tokenizing"], "no_journal": files["left"] or []}
+    names = {ShardPhase.JOURNAL_WRITING: [g["shard_id"] for g in files["generating"]],
+             ShardPhase.GENERATED: files["tokenizing"], ShardPhase.NO_JOURNAL: files["left"] or []}
     bars = {g["shard_id"]: f" {g['finished']}/{g['prompts']}<span class='bar'><i style='width:"
             f"{100 * g['finished'] // max(g['prompts'], 1)}%'></i></span>"
             for g in files["generating"]}

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
+from include.engine.outcome import PromptStatus
 from include.layout import REGENERATIONS_PREFIX
 
 #: The mapped task group's tasks, in the order each shard runs them.
@@ -50,16 +52,25 @@ LIVE_RUN_STATES = ("running", "queued")
 #: own facts (``include.monitor.runs``: a shard's files, a prompt's journal outcome, a
 #: report's gates, a server's probe) to the words shown. Nothing here names a task or run
 #: state: those are Airflow's.
-FILE_WORDS = {
+class ShardPhase(StrEnum):
+    """Where a shard is by its files (what the monitor reads), beside Airflow's task state."""
+
+    JOURNAL_WRITING = "journal_writing"
+    NO_JOURNAL = "no_journal"
+    GENERATED = "generated"
+    TOKENIZED = "tokenized"
+
+
+FILE_WORDS: dict[str, str] = {
     # a shard, by its files
-    "journal_writing": "journal being written",
-    "no_journal": "no journal yet",
-    "generated": "generated, not tokenized",
-    "tokenized": "tokenized",
+    ShardPhase.JOURNAL_WRITING: "journal being written",
+    ShardPhase.NO_JOURNAL: "no journal yet",
+    ShardPhase.GENERATED: "generated, not tokenized",
+    ShardPhase.TOKENIZED: "tokenized",
     # a prompt's outcome in the journal (include.engine.outcome)
-    "completed": "completed",
+    PromptStatus.COMPLETED: "completed",
     "truncated": "of them truncated",
-    "skipped": "skipped",
+    PromptStatus.SKIPPED: "skipped",
     "prompt_failed": "failed",
     # rows after the tokenize task's quality filters and checks
     "written": "rows written",
