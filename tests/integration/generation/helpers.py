@@ -24,6 +24,16 @@ def make_prompts(n: int, words: int = 12, prefix: str = "p") -> list[dict]:
     ]
 
 
+def chat_prompt(i: int) -> dict:
+    """Return a whole-conversation prompt (``turns: all``): three user turns of chat ``i``."""
+    messages = []
+    for k in range(3):
+        messages += [{"role": "user", "content": f"Chat {i} question {k}: explain this."},
+                     {"role": "assistant", "content": "original answer"}]
+    return {"id": f"chat:{i}", "source": "chat", "metadata": {}, "messages": messages,
+            "turns": "all", "call_format": "tool_call"}
+
+
 def engine_config(**overrides) -> EngineConfig:
     """Return a small, time-compressed engine configuration (cool-downs in tenths of s)."""
     values = dict(model="test-model", context_length=4096, max_tokens=256, context_margin=16,

@@ -16,6 +16,7 @@ from include.generation.shard import load_journal_records, publish_shard
 from include.layout import journal_prefix
 from include.storage import LocalStore
 from tests.integration.generation.helpers import (
+    chat_prompt,
     engine_config,
     make_prompts,
     token_counter,
@@ -25,21 +26,12 @@ from tests.integration.generation.helpers import (
 pytestmark = pytest.mark.integration
 
 
-def _chat(i: int) -> dict:
-    messages = []
-    for k in range(3):
-        messages += [{"role": "user", "content": f"Chat {i} question {k}: explain this."},
-                     {"role": "assistant", "content": "original answer"}]
-    return {"id": f"chat:{i}", "source": "chat", "metadata": {}, "messages": messages,
-            "turns": "all", "call_format": "tool_call"}
-
-
 def test_a_shard_of_conversations_publishes_each_conversation_once(
     standins, tokenizer_dir, tmp_path
 ) -> None:
     servers = standins(1)
     store = LocalStore(tmp_path)
-    prompts = [_chat(i) for i in range(5)] + make_prompts(3)
+    prompts = [chat_prompt(i) for i in range(5)] + make_prompts(3)
     write_shard(store, prompts)
     journal = StoreJournal(store, journal_prefix("shard-00000"))
     outcome = run_shard("shard-00000", prompts, [s.url for s in servers], journal,

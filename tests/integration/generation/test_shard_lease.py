@@ -22,7 +22,7 @@ from include.generation.shard import generate_shard, load_journal_records, publi
 from include.layout import journal_prefix, output_keys
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
-from tests.integration.generation.helpers import ROOT, make_prompts, write_shard
+from tests.integration.generation.helpers import ROOT, chat_prompt, make_prompts, write_shard
 
 pytestmark = pytest.mark.integration
 SHARD = "shard-00000"
@@ -217,15 +217,6 @@ generate_shard(run_settings(run, **deployment), "shard-00000", sys.argv[3].split
 """
 
 
-def _chat(i: int) -> dict:
-    messages = []
-    for k in range(3):
-        messages += [{"role": "user", "content": f"Chat {i} question {k}: explain this."},
-                     {"role": "assistant", "content": "original answer"}]
-    return {"id": f"chat:{i}", "source": "chat", "metadata": {}, "messages": messages,
-            "turns": "all", "call_format": "tool_call"}
-
-
 def test_a_paused_holders_segment_landing_after_the_takeover_never_reaches_the_output(
     standins, tokenizer_dir, tmp_path
 ) -> None:
@@ -234,7 +225,7 @@ def test_a_paused_holders_segment_landing_after_the_takeover_never_reaches_the_o
     while the manifest named the new generation."""
     old_server, new_server = standins(2, standin_time_scale=0.1)
     store = LocalStore(tmp_path / "out" / "r")
-    prompts = [_chat(i) for i in range(6)] + make_prompts(40)
+    prompts = [chat_prompt(i) for i in range(6)] + make_prompts(40)
     write_shard(store, prompts)
     values = _settings(tmp_path, tokenizer_dir)
     values[0]["turns"] = "all"
