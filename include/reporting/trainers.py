@@ -51,16 +51,14 @@ def write_run_export(store: Store, shards: Sequence[str], *, publish: bool) -> d
         out["reason"] = ("not written: the run did not publish the whole dataset (gates or "
                          "shards missing); the per-shard files in pretokenized/ are complete")
         return out
-    ordered = sorted(shards, key=shard_index)
-    sources = [pretokenized_key(shard_index(s)) for s in ordered]
-    missing = [s for s, k in zip(ordered, sources, strict=True) if not store.exists(k)]
-    if missing:
-        out["reason"] = (f"not written: {len(missing)} shard(s) have no trainer export "
-                         f"(e.g. {missing[0]}: tokenized before the exports existed); "
-                         "tokenize them again in a new run")
-        return out
+    sources = [pretokenized_key(shard_index(s)) for s in sorted(shards, key=shard_index)]
     try:
+        # The store names a missing source itself, before it writes anything.
         size, digest = store.write_new_concat(key, sources)
+    except FileNotFoundError as exc:
+        out["reason"] = (f"not written: a shard has no trainer export ({exc}: tokenized "
+                         "before the exports existed); tokenize it again in a new run")
+        return out
     except ObjectExistsError:
         out["reason"] = "kept: an earlier run's file with other bytes is at this key"
         return out
