@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from include.durability.claims import LIVE_STATES
 
@@ -48,12 +49,21 @@ class SlotCheck:
     index) run ``task_id`` in run ``run_id``; only shards mapped earlier count, so of the
     shards waiting the earliest goes first and no two wait for each other. ``holders()``
     then says who holds the slots, for the shard's log.
+
+    A poll costs the same at 10 shards as at 1,600 (issue 28: it listed every shard's state,
+    an ORM row each, twice a second per waiting shard): one count of the shards running
+    ``task_id``, and only when that leaves no slot for certain, the states of the shards
+    mapped just before this one, one map index each, nearest first, until ``slots`` of them
+    run or none is left below. Airflow caps the running ones (``max_active_tis_per_dagrun``)
+    and starts the earliest first, so the holders sit just below; after ``scan`` indexes
+    without an answer (a retry far back) the poll lists the run once, as before.
     """
 
     def __init__(self, dag_id: str, task_id: str, run_id: str, map_index: int, slots: int,
-                 names: Callable[[], list[str]] | None = None) -> None:
+                 names: Callable[[], list[str]] | None = None, scan: int = 16) -> None:
         self.dag_id, self.task_id, self.run_id = dag_id, task_id, run_id
         self.map_index, self.slots, self._names = map_index, slots, names
+        self.scan = max(scan, slots)
         #: The map indexes of the earlier shards running ``task_id`` at the last answer.
         self.held_by: list[int] = []
 
@@ -62,17 +72,34 @@ class SlotCheck:
         ok = name == self.task_id and index.isdigit() and int(index) < self.map_index
         return int(index) if ok else None
 
+    def _running(self, sdk: Any, map_index: int | None = None) -> list[int]:
+        """Return the earlier map indexes running ``task_id`` (of one index, or all)."""
+        states = sdk.get_task_states(self.dag_id, map_index=map_index,
+                                     task_ids=[self.task_id], run_ids=[self.run_id])
+        return sorted(i for k, state in states.get(self.run_id, {}).items()
+                      if state == "running" and (i := self._earlier(k)) is not None)
+
+    def _held_by(self, sdk: Any) -> list[int]:
+        running = sdk.get_ti_count(self.dag_id, task_ids=[self.task_id],
+                                   run_ids=[self.run_id], states=["running"])
+        if running <= self.slots:  # this shard is one of them: the others leave a slot
+            return []
+        held: list[int] = []
+        low = max(0, self.map_index - self.scan)
+        for index in range(self.map_index - 1, low - 1, -1):
+            held += self._running(sdk, index)
+            if len(held) == self.slots:
+                return sorted(held)
+        return sorted(held) if low == 0 else self._running(sdk)
+
     def __call__(self) -> bool:
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
         try:
-            states = RuntimeTaskInstance.get_task_states(self.dag_id, task_ids=[self.task_id],
-                                                         run_ids=[self.run_id])
+            self.held_by = self._held_by(RuntimeTaskInstance)
         except Exception as exc:  # noqa: BLE001 - Airflow's cap on running tasks still holds
             log.info("could not ask Airflow which shards are generating (%s); starting", exc)
             return True
-        self.held_by = sorted(i for k, state in states.get(self.run_id, {}).items()
-                              if state == "running" and (i := self._earlier(k)) is not None)
         return len(self.held_by) < self.slots
 
     def holders(self) -> str:

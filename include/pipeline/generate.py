@@ -9,6 +9,7 @@ Airflow's answers as callables: whether another run that holds the shard is stil
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,8 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     with fail_without_retry(XComMismatchError):
         outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
         urls = trusted_urls(servers, settings)
+
+    @functools.cache  # the whole plan, read once per task: at most one log line a minute
     def plan_names() -> list[str]:  # the slots' holders by name, in the shard's log
         return [p["shard_id"] for p in ti.xcom_pull(task_ids=PLAN_TASK) or []]
 
