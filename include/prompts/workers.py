@@ -8,11 +8,16 @@ stands in that order, as it would in a plain loop).
 
 The worker is a ``ProcessPoolExecutor`` process started with ``spawn``: a fork of a process
 that runs threads (a Celery worker, the Airflow task runner) can inherit a lock held by a
-thread that does not exist in the child, and hang on it.
+thread that does not exist in the child, and hang on it. Under a Celery worker the task's
+process descends from a daemonic pool process, and multiprocessing refuses daemons children
+("daemonic processes are not allowed to have children": every prepare of 64 MB or more
+failed there, found by the rehearsal at the planned size); the flag is lifted while the
+worker runs, which is safe here because the worker is always joined or terminated.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -84,6 +89,10 @@ class _Jobs:
             return next(self.claims, None)
 
     def results(self) -> Iterator[Any]:
+        with _children_allowed():
+            yield from self._results()
+
+    def _results(self) -> Iterator[Any]:
         ctx = multiprocessing.get_context("spawn")
         records = ctx.Queue()
         listener = QueueListener(records, _ToLoggers())
@@ -163,6 +172,22 @@ class _Jobs:
                 yield result
                 nxt += 1
             i = self.claim()
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let this process start the worker even if it is itself a daemonic one (a Celery
+    pool's descendant, where the task runs): the worker never outlives ``results``."""
+    me = multiprocessing.current_process()
+    daemonic = me.daemon
+    if daemonic:
+        me.daemon = False
+        log.debug("a daemonic process (%s) starts the prepare worker", me.name)
+    try:
+        yield
+    finally:
+        if daemonic:
+            me.daemon = True
 
 
 def _outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
