@@ -341,8 +341,12 @@ def main(argv: list[str] | None = None) -> int:
                        for t in api.task_instances(DAG_ID, run_id)):
                     break
                 time.sleep(1.0)
-            out["prepare_s"] = round(task_seconds(api.task_instances(DAG_ID, run_id),
-                                                  "prepare_prompts")[0], 2)
+            prepared = task_seconds(api.task_instances(DAG_ID, run_id), "prepare_prompts")
+            if not prepared:  # the run ended first: say so (the JSON line still follows)
+                out["state"] = api.run_state(DAG_ID, run_id)
+                raise SystemExit(f"run {run_id} ended {out['state']} before its servers "
+                                 f"launched; its task logs are under {state}/airflow/logs")
+            out["prepare_s"] = round(prepared[0], 2)
             plan = shard_plan(api, run_id)
             faults = FaultSchedule(tier, api, run_id, conf, len(plan), t0)
             faults.start()
