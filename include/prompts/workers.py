@@ -9,10 +9,9 @@ stands in that order, as it would in a plain loop).
 The worker is a ``ProcessPoolExecutor`` process started with ``spawn``: a fork of a process
 that runs threads (a Celery worker, the Airflow task runner) can inherit a lock held by a
 thread that does not exist in the child, and hang on it. Under a Celery worker the task's
-process descends from a daemonic pool process, and multiprocessing refuses daemons children
-("daemonic processes are not allowed to have children": every prepare of 64 MB or more
-failed there, found by the rehearsal at the planned size); the flag is lifted while the
-worker runs, which is safe here because the worker is always joined or terminated.
+process descends from a billiard pool process, which multiprocessing takes for a daemon with
+a key it must not pickle (``_children_allowed``): every prepare of 64 MB or more failed
+there, found by the rehearsal at the planned size.
 """
 
 from __future__ import annotations
@@ -176,18 +175,26 @@ class _Jobs:
 
 @contextlib.contextmanager
 def _children_allowed() -> Iterator[None]:
-    """Let this process start the worker even if it is itself a daemonic one (a Celery
-    pool's descendant, where the task runs): the worker never outlives ``results``."""
-    me = multiprocessing.current_process()
-    daemonic = me.daemon
-    if daemonic:
-        me.daemon = False
-        log.debug("a daemonic process (%s) starts the prepare worker", me.name)
+    """Let this process start the worker as if it were a plain main process, then put back
+    what it was: the worker never outlives ``results``.
+
+    Under Celery the task's process is a fork of a billiard pool process, which billiard
+    installed as multiprocessing's current process (``billiard/process.py``,
+    ``_set_current_process``): daemonic, so multiprocessing refuses it children, and with
+    billiard's authentication key, which refuses to be pickled into a spawned child ("Pickling
+    an AuthenticationString object is disallowed"). Both live in the process's ``_config``,
+    where multiprocessing reads them.
+    """
+    config = multiprocessing.current_process()._config  # noqa: SLF001 - see above
+    saved = {k: config[k] for k in ("daemon", "authkey") if k in config}
+    config["daemon"] = False
+    if "authkey" in config:
+        config["authkey"] = multiprocessing.process.AuthenticationString(bytes(config["authkey"]))
     try:
         yield
     finally:
-        if daemonic:
-            me.daemon = True
+        config.pop("daemon", None)
+        config.update(saved)
 
 
 def _outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
