@@ -10,8 +10,9 @@ The worker is a ``ProcessPoolExecutor`` process started with ``spawn``: a fork o
 that runs threads (a Celery worker, the Airflow task runner) can inherit a lock held by a
 thread that does not exist in the child, and hang on it. Under a Celery worker the task's
 process descends from a billiard pool process, which multiprocessing takes for a daemon with
-a key it must not pickle (``_children_allowed``): every prepare of 64 MB or more failed
-there, found by the rehearsal at the planned size.
+a key it must not pickle, and whose main module is the ``airflow`` script
+(``_as_from_a_main_process``): every prepare of 64 MB or more failed there, found by the
+rehearsal at the planned size.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -88,10 +90,6 @@ class _Jobs:
             return next(self.claims, None)
 
     def results(self) -> Iterator[Any]:
-        with _children_allowed():
-            yield from self._results()
-
-    def _results(self) -> Iterator[Any]:
         ctx = multiprocessing.get_context("spawn")
         records = ctx.Queue()
         listener = QueueListener(records, _ToLoggers())
@@ -108,7 +106,8 @@ class _Jobs:
             # The caller claims first: which process runs which job (and holds its memory)
             # does not depend on how fast the worker starts.
             i = self.claim()
-            self.feed_worker()
+            with _as_from_a_main_process():  # the pool starts its process on this first job
+                self.feed_worker()
             yield from self._in_order(i)
             finished = True
         finally:
@@ -174,27 +173,39 @@ class _Jobs:
 
 
 @contextlib.contextmanager
-def _children_allowed() -> Iterator[None]:
-    """Let this process start the worker as if it were a plain main process, then put back
-    what it was: the worker never outlives ``results``.
+def _as_from_a_main_process() -> Iterator[None]:
+    """Start the worker as a plain main process would, then put back what this one was.
 
     Under Celery the task's process is a fork of a billiard pool process, which billiard
     installed as multiprocessing's current process (``billiard/process.py``,
-    ``_set_current_process``): daemonic, so multiprocessing refuses it children, and with
-    billiard's authentication key, which refuses to be pickled into a spawned child ("Pickling
-    an AuthenticationString object is disallowed"). Both live in the process's ``_config``,
-    where multiprocessing reads them.
+    ``_set_current_process``): daemonic, so multiprocessing refuses it children, with
+    billiard's authentication key, which refuses to be pickled into a spawned child
+    ("Pickling an AuthenticationString object is disallowed"); and its main module is the
+    ``airflow`` script, which a spawned child would run again first (``spawn.py``,
+    ``_fixup_main_from_path``) and which fails there without the scheduler's database. The
+    first two live in the process's ``_config``, where multiprocessing reads them; the child
+    is told of no main module to run. Safe here: the worker never outlives ``results``, and
+    its jobs are functions of this package.
     """
     config = multiprocessing.current_process()._config  # noqa: SLF001 - see above
     saved = {k: config[k] for k in ("daemon", "authkey") if k in config}
     config["daemon"] = False
     if "authkey" in config:
         config["authkey"] = multiprocessing.process.AuthenticationString(bytes(config["authkey"]))
+    main = sys.modules.get("__main__")
+    main_file = main.__dict__.pop("__file__", None) if main is not None else None
+    main_spec = getattr(main, "__spec__", None)
+    if main is not None:
+        main.__spec__ = None
     try:
         yield
     finally:
         config.pop("daemon", None)
         config.update(saved)
+        if main is not None:
+            main.__spec__ = main_spec
+            if main_file is not None:
+                main.__file__ = main_file
 
 
 def _outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
