@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -78,10 +79,10 @@ class FaultSchedule(threading.Thread):
     """Fire ``SCHEDULE`` against one run; ``outcomes`` records what each fault did."""
 
     def __init__(self, tier: Tier, api: AirflowApi, run_id: str, conf: dict[str, Any],
-                 shards: int, t0: float) -> None:
+                 numbers: list[int], t0: float) -> None:
         super().__init__(daemon=True)
         self.tier, self.api, self.run_id, self.conf = tier, api, run_id, conf
-        self.shards, self.t0 = shards, t0
+        self.numbers, self.shards, self.t0 = sorted(numbers), len(numbers), t0
         self.outcomes: dict[str, dict[str, Any]] = {}
         self.backfill_id: str | None = None
         self.error: str | None = None
@@ -94,7 +95,7 @@ class FaultSchedule(threading.Thread):
                     if done >= share * self.shards or self.api.run_state(
                             DAG_ID, self.run_id) in ("success", "failed"):
                         break
-                    time.sleep(1.0)
+                    time.sleep(5.0)  # a listing of every task instance: not every second
                 at = {"at_s": round(time.monotonic() - self.t0, 1), "shards_done": done}
                 self.outcomes[fault] = {**at, **getattr(self, fault)(tis)}
         except Exception as exc:  # noqa: BLE001 - reported in the JSON line, never hidden
@@ -135,7 +136,7 @@ class FaultSchedule(threading.Thread):
 
     def backfill(self, tis: list[dict[str, Any]]) -> dict[str, Any]:
         k = max(2, self.shards // 10)
-        shard_range = f"{self.shards - k}-{self.shards - 1}"
+        shard_range = f"{self.numbers[-k]}-{self.numbers[-1]}"
         self.backfill_id = self.api.trigger(DAG_ID, {**self.conf, "shard_range": shard_range})
         return {"shard_range": shard_range, "run_id": self.backfill_id}
 
@@ -289,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.05,
                         help="the stand-ins' pace (1: the performance model's)")
     parser.add_argument("--max-active-shards", type=int, default=3)
+    parser.add_argument("--generate", type=int,
+                        help="generate only the first N of the shards prepared (shard_range "
+                             "0-(N-1)): the whole prepare and plan, fewer shards to wait for")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the run")
     parser.add_argument("--cache", type=Path, default=ROOT / "var" / "bench-cache")
     parser.add_argument("--keep", type=Path, help="keep the tier's state (logs) here")
@@ -301,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return parts_main(prompts, args.shard_size, args.conversation_share, args.cache)
 
+    def stop(signum: int, frame: Any) -> None:  # a SIGTERM stops the tier too (``finally``)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
     t_all = time.monotonic()
     sources = rehearsal_sources(args.cache.resolve(), prompts, args.conversation_share)
     deploy.GPUS = list(range(SERVERS))  # read by Tier.configure and the GPU host's settings
@@ -328,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         tier.set_faults(time_scale=args.time_scale)
         conf = tier.run_conf(run_name="rehearsal", sources=sources,
                              shard_size=args.shard_size, progress_interval_s=30,
-                             enable_thinking=True, max_tokens=256)
+                             enable_thinking=True, max_tokens=256,
+                             **({"shard_range": f"0-{args.generate - 1}"} if args.generate
+                                else {}))
         for name in tier.procs.names():
             memory.watch(name, tier.procs.pid(name))
         port_base = tier.load()["ports"]["port_base"]
@@ -348,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"launched; its task logs are under {state}/airflow/logs")
             out["prepare_s"] = round(prepared[0], 2)
             plan = shard_plan(api, run_id)
-            faults = FaultSchedule(tier, api, run_id, conf, len(plan), t0)
+            numbers = [int(p["shard_id"].rsplit("-", 1)[1]) for p in plan]
+            faults = FaultSchedule(tier, api, run_id, conf, numbers, t0)
             faults.start()
             for server in task_result(api, run_id, "launch_servers")["servers"]:
                 memory.watch("servers", server["pid"])
