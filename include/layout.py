@@ -81,6 +81,11 @@ def generated_keys(index: int) -> tuple[str, str]:
     return f"{name}.jsonl", f"{name}{SHARD_MANIFEST_SUFFIX}"
 
 
+def facts_key(index: int) -> str:
+    """Return the key of shard ``index``'s report facts (``include.reporting.facts``)."""
+    return f"{GENERATED_PREFIX}/{shard_id(index)}.facts.json"
+
+
 def output_keys(shard: str) -> tuple[str, str]:
     """Return the store keys of a shard's completions file and its manifest, by shard id."""
     return generated_keys(shard_index(shard))

@@ -34,6 +34,7 @@ from include.engine.outcome import PromptStatus, check_accounting
 from include.engine.startup import PromptCounter
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
+from include.reporting.facts import encode_facts
 from include.settings import RunSettings
 from include.storage import Store, open_store, sha256_hex
 
@@ -319,7 +320,8 @@ def publish_shard(
     records: dict[str, dict[str, Any]] = {}
     for _, lines in segments:
         merge_lines(lines.splitlines(), records)
-    data, manifest = build_shard_output(shard_id, prompts, prompt_records(records))
+    finals = prompt_records(records)
+    data, manifest = build_shard_output(shard_id, prompts, finals)
     if generation and not generation.get("already_done"):
         manifest["generation"] = {k: generation[k] for k in
                                   ("elapsed_s", "started_at", "finished_at", "resumed",
@@ -333,7 +335,8 @@ def publish_shard(
         # claims), and the manifest is create-only: one version is ever published.
         check_token(store, journal_prefix(shard_id), token["generation"], shard_id)
         manifest["lease"] = {"generation": token["generation"], "holder": token["holder"]}
-    result = publish_generated_shard(store, shard_index(shard_id), data, manifest)
+    result = publish_generated_shard(store, shard_index(shard_id), data, manifest,
+                                     encode_facts(finals.values()))
     log.info("%s: published %d completions (%d skipped, %d failed) to %s", shard_id,
              manifest["counts"][PromptStatus.COMPLETED], manifest["counts"][PromptStatus.SKIPPED],
              manifest["counts"][PromptStatus.FAILED], store.uri(output_keys(shard_id)[0]))

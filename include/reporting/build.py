@@ -28,12 +28,8 @@ from include.layout import (
     report_prefix,
 )
 from include.reporting.card import render_card
-from include.reporting.collect import (
-    Completion,
-    ShardFacts,
-    collect_shard,
-    read_json,
-)
+from include.reporting.collect import ShardFacts, collect_shard, read_json
+from include.reporting.facts import Completion
 from include.reporting.figures import (
     consistency,
     conversation_figures,
@@ -60,19 +56,20 @@ SOURCES_OF_TRUTH: dict[str, str] = {
     "funnel.generation.<source>.skipped/failed": (
         "generated/<shard>.manifest.json: skipped/failed lists (source = id prefix)"),
     "funnel.generation.<source>.completed/truncated, tokens.prompt/completion, lengths": (
-        "journal/<shard>/part-*.jsonl: final completed record per id (source, finish_reason, "
-        "usage)"),
+        "generated/<shard>.facts.json: per completed record (source, finish_reason, usage), "
+        "written from the journal's final record per id (a shard published before the facts "
+        "existed: journal/<shard>/part-*.jsonl)"),
     "throughput.server_time": (
-        "journal/<shard>/part-*.jsonl of the shards this run produced: each request's span "
+        "generated/<shard>.facts.json of the shards this run produced: each request's span "
         "(finished_at - latency_s to finished_at) per server; each shard's generating window "
         "from its first request's start to its last request's finish"),
     "throughput, drains, retries": (
-        "journal/<shard>/part-*.jsonl of the shards this run produced: timings.finished_at, "
+        "generated/<shard>.facts.json of the shards this run produced: timings.finished_at, "
         "timings.latency_s (start = finished_at - latency_s), timings.attempts, server, usage; "
         "failed records: attempts"),
-    "servers.models": "journal completed records: model (what the servers answered with)",
+    "servers.models": "facts of completed records: model (what the servers answered with)",
     "servers.versions": (
-        "journal completed records: server, model, server_version (as the record says the "
+        "facts of completed records: server, model, server_version (as the record says the "
         "server reported it; empty when it does not)"),
     "servers.context_length": (
         "launch_servers report: expected.context_length (checked on every server by "
@@ -91,8 +88,9 @@ SOURCES_OF_TRUTH: dict[str, str] = {
         "given by the report task, else the value every generated/<shard>.manifest.json "
         "agrees on (generation.settings_fingerprint)"),
     "funnel.tokenization.<source>.written, tokenized_lengths": (
-        "tokenized/<shard>.parquet: source and length columns"),
-    "trainers.longest_row": "tokenized/<shard>.parquet: length column (the longest row)",
+        "tokenized/<shard>.manifest.json: lengths (a shard tokenized before them: "
+        "tokenized/<shard>.parquet's source and length columns)"),
+    "trainers.longest_row": "tokenized/<shard>.manifest.json: lengths (the longest row)",
     "trainers.text_path, trainers.conversations_by_source": (
         "tokenized/<shard>.manifest.json: text_path, conversations.by_source (summed)"),
     "trainer_export": (

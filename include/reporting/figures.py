@@ -2,7 +2,7 @@
 
 Pure functions over collected ``ShardFacts`` (see ``collect.py``); ``report.py`` assembles
 them. Per-shard figures and totals come from the shards' manifests, per-source ones from the
-manifests' skipped/failed lists and the journals' completed records (``SOURCES_OF_TRUTH`` in
+manifests' skipped/failed lists and the completed records' facts (``SOURCES_OF_TRUTH`` in
 ``report.py`` names each source).
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 from include.conversations.chain import ConversationEnd
 from include.quality import QUALITY_FILTERS
-from include.reporting.collect import ShardFacts, source_of
+from include.reporting.collect import ShardFacts
+from include.reporting.facts import source_of
 from include.tokenization.outputs import length_stats
 
 

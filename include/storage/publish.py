@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from include.layout import generated_keys
+from include.layout import facts_key, generated_keys
 from include.storage.base import Store, sha256_hex
 from include.storage.errors import StoreError
 
@@ -88,14 +88,18 @@ def publish_files(
 
 
 def publish_generated_shard(
-    store: Store, shard_index: int, jsonl: bytes, manifest: Mapping[str, Any]
+    store: Store, shard_index: int, jsonl: bytes, manifest: Mapping[str, Any],
+    facts: bytes | None = None,
 ) -> PublishResult:
-    """Publish ``generated/shard-NNNNN.jsonl`` and its manifest (with ``sha256`` and ``bytes``).
+    """Publish ``generated/shard-NNNNN.jsonl``, its report facts and its manifest.
 
     ``manifest`` is the generation stage's dict (counts, skipped/failed ids, servers); the
     stored one also gets top-level ``sha256``/``bytes`` of the .jsonl (docs/data-layout.md)
-    and a ``files`` entry. It must be deterministic (see ``encode_manifest``).
+    and a ``files`` entry per file. ``facts`` (``include.reporting.facts``) is what the
+    report reads of the shard instead of its records. All must be deterministic (see
+    ``encode_manifest``).
     """
     data_key, manifest_key = generated_keys(shard_index)
     full = {**manifest, "sha256": sha256_hex(jsonl), "bytes": len(jsonl)}
-    return publish_files(store, {data_key: jsonl}, manifest_key, full)
+    files = {data_key: jsonl, **({facts_key(shard_index): facts} if facts is not None else {})}
+    return publish_files(store, files, manifest_key, full)

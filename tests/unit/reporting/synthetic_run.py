@@ -14,6 +14,7 @@ from typing import Any
 from include.durability.journal import StoreJournal
 from include.generation.shard import build_shard_output
 from include.layout import MANIFEST_KEY, pretokenized_key, shard_index, tokenized_keys
+from include.reporting.facts import encode_facts
 from include.storage import Store, publish_files, publish_generated_shard
 from include.tokenization.stage import Sample, TokenizeResult
 
@@ -36,6 +37,9 @@ class ShardSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The reasons of the first quarantined records, in order (the rest: decode_mismatch).
     quarantine_reasons: tuple[str, ...] = ()
+    #: Published as before issue 28: no report facts, no ``lengths`` in the tokenized
+    #: manifest (the report reads the journal and the parquet's columns instead).
+    before_facts: bool = False
     #: The tokenized manifest's ``conversations`` section (``Conversations.manifest()``).
     conversations: dict[str, Any] = field(default_factory=dict)
     #: Whether the shard has its trainer export (False: tokenized before the exports).
@@ -94,7 +98,8 @@ def write_shard(store: Store, sid: str, spec: ShardSpec, t0: float = T0) -> None
     if spec.journal_only:
         return
     data, manifest = build_shard_output(sid, prompts, records)
-    publish_generated_shard(store, shard_index(sid), data, manifest)
+    publish_generated_shard(store, shard_index(sid), data, manifest,
+                            None if spec.before_facts else encode_facts(records.values()))
     result = TokenizeResult(input_records=spec.completed, conversations=spec.conversations)
     completed = [r for r in records.values() if r["status"] == "completed"]
     for j, rec in enumerate(completed):
@@ -112,7 +117,10 @@ def write_shard(store: Store, sid: str, spec: ShardSpec, t0: float = T0) -> None
     files = {parquet_key: result.to_parquet(), conv_key: result.conversations_jsonl()}
     if spec.export:
         files[pretokenized_key(shard_index(sid))] = result.pretokenized_jsonl()
-    publish_files(store, files, manifest_key, {"shard": shard_index(sid), **result.manifest()})
+    tokenized = {"shard": shard_index(sid), **result.manifest()}
+    if spec.before_facts:
+        del tokenized["lengths"]
+    publish_files(store, files, manifest_key, tokenized)
 
 
 def write_run(store: Store, shards: dict[str, ShardSpec]) -> None:

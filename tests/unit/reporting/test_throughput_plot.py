@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from include.reporting.collect import Completion, ShardFacts
+from include.reporting.collect import ShardFacts
+from include.reporting.facts import Completion
 from include.reporting.plots import throughput_figure, throughput_plot
 from include.reporting.throughput import describe_server_time, throughput
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from include.reporting.collect import Completion, ShardFacts
+from include.reporting.collect import ShardFacts
+from include.reporting.facts import Completion
 from include.reporting.figures import variant_figures
 from include.reporting.render import variant_blocks
 
