@@ -19,7 +19,7 @@ import time
 import pytest
 
 from include.generation.shard import generate_shard, load_journal_records, publish_shard
-from include.layout import journal_prefix, output_keys
+from include.layout import journal_prefix, lease_key, output_keys
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings
 from tests.integration.generation.helpers import ROOT, chat_prompt, make_prompts, write_shard
@@ -190,7 +190,7 @@ def test_a_late_upload_from_a_fenced_out_try_is_refused(shard) -> None:
 # A holder whose second journal segment is on the wire when the network cuts and the worker
 # is paused (SIGSTOP): the PUT lands when the process is continued, after the takeover.
 _PAUSED_TRY = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 from pathlib import Path
 from include.generation.shard import generate_shard
 from include.storage import LocalStore
@@ -209,6 +209,12 @@ class PausedMidPut(LocalStore):
                 tmp.write_text(json.dumps({"key": key, "lines": data.decode()}))
                 tmp.rename(marker)
                 os.kill(os.getpid(), signal.SIGSTOP)
+                # Linux may stop this thread only after kill() returns (another thread takes
+                # the group stop), and the PUT would land before the takeover: it waits for
+                # the test's word, sent with SIGCONT.
+                go = marker.with_suffix(".go")
+                while not go.exists():
+                    time.sleep(0.01)
         return super().write_new(key, data)
 
 generate_shard(run_settings(run, **deployment), "shard-00000", sys.argv[3].split(","),
@@ -245,8 +251,12 @@ def test_a_paused_holders_segment_landing_after_the_takeover_never_reaches_the_o
         summary = _generate(store, [new_server.url], values, "run-b", lambda r: True)
         assert summary["lease"]["generation"] == 2
     finally:
+        marker.with_suffix(".go").touch()
         proc.send_signal(signal.SIGCONT)
         _, err = proc.communicate(timeout=60)
+    # The takeover counted the paused holder's segments in the store then: the first only.
+    taken = json.loads(store.read(lease_key(journal_prefix(SHARD), 2)))
+    assert list(taken["segments"].values()) == [1], taken
     # Continued, it finds its lease lost and stops, publishing nothing.
     assert proc.returncode != 0 and "lease generation 1" in err.decode(errors="replace")
     assert store.exists(stale["key"])  # the late PUT did land, after the takeover
