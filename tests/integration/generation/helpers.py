@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 from include.engine.dispatch import EngineConfig
@@ -51,6 +52,15 @@ def token_counter(tokenizer_dir):
     """Return the prompt-token counter of the stand-ins' tokenizer."""
     tok = load_tokenizer(str(tokenizer_dir))
     return lambda convs: count_prompt_tokens(tok, convs, True)
+
+
+def generated_requests(url: str) -> int:
+    """Return how many requests a stand-in has generated to the end, by its own counter
+    (``sglang:num_requests_total``: a request its client went away from is not counted)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        lines = answer.read().decode().splitlines()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines
+                   if line.startswith("sglang:num_requests_total")))
 
 
 def assert_accounted(prompts, outcome_records) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from include.durability.journal import FileJournal, StoreJournal
+from include.engine.client import ErrorKind
 from include.engine.dispatch import GenerationError, run_shard
 from include.generation.shard import generate_shard, load_journal_records, publish_shard
 from include.layout import journal_prefix, output_keys
@@ -30,6 +31,7 @@ from tests.integration.generation.faultproxy import (
 from tests.integration.generation.helpers import (
     assert_accounted,
     engine_config,
+    generated_requests,
     make_prompts,
     token_counter,
     write_shard,
@@ -113,7 +115,12 @@ def test_a_live_server_that_stops_answering_for_a_while_keeps_its_in_flight_work
     assert "no new requests until a probe passes" in caplog.text  # the probes did fail
     assert assert_accounted(prompts, outcome.records)["counts"]["completed"] == 150
     _nothing_taken_back(outcome)
-    assert outcome.requests == 150
+    # By the servers' own count, each prompt was generated once: the paused server's
+    # in-flight requests were answered, none sent again. A request sent into the pause can
+    # meet its connection closed as the server wakes (seen once in CI, under load) and go
+    # out again; no server had generated it, and it is a counted retry.
+    assert sum(generated_requests(s.url) for s in servers) == 150
+    assert set(outcome.retries) <= {ErrorKind.DISCONNECTED}, outcome.retries
 
 
 class SlowStore(LocalStore):
