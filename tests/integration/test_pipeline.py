@@ -250,6 +250,9 @@ def _rows_are_the_sampled_ids(run: dict[str, bytes], prompts: dict, sampled_dir:
     assert differs > 0  # a rebuild from the text would have trained on other ids
 
 
+# Four `airflow dags test` runs one after the other: 235-300 s on 2 cores; run alone, the
+# session's fixtures (Airflow's database, sshd, S3) are set up inside its time too.
+@pytest.mark.timeout(600)
 def test_shard_range_backfill_produces_only_those_shards_then_reuses_prompts(
     airflow_env, run_conf, s3_bucket: Bucket  # noqa: F811
 ) -> None:
