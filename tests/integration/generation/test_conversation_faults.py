@@ -118,7 +118,10 @@ def test_every_turn_that_left_the_dead_servers_history_is_counted_as_moved(
     left_dead = sum(1 for pid, k in _last_on(records, dead).items() if k < TURNS - 1)
     assert left_dead > 0
     moved = outcome.conversations["moved"]
-    assert sum(moved.get(r, 0) for r in ("ejected", "resting", "gone")) >= left_dead, moved
+    # A turn placed between the kill and the ejection can leave the dead server as far busier
+    # (its requests stalled there): counted as moved too, for that reason (CI saw one).
+    assert sum(moved.get(r, 0) for r in ("ejected", "resting", "gone", "busier")
+               ) >= left_dead, moved
     changed = sum(t["server"] != rec["turn_results"][t["index"] - 1]["server"]
                   for rec in records.values() for t in rec["turn_results"] if t["index"] > 0)
     assert sum(moved.values()) >= changed, (moved, changed)
