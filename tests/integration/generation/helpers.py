@@ -7,6 +7,7 @@ import urllib.request
 from pathlib import Path
 
 from include.engine.dispatch import EngineConfig
+from include.engine.window import parse_metrics
 from include.generation.shard import build_shard_output
 from include.layout import shard_key
 from include.prompts.prepare import encode_record
@@ -58,9 +59,7 @@ def generated_requests(url: str) -> int:
     """Return how many requests a stand-in has generated to the end, by its own counter
     (``sglang:num_requests_total``: a request its client went away from is not counted)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
-        lines = answer.read().decode().splitlines()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in lines
-                   if line.startswith("sglang:num_requests_total")))
+        return int(parse_metrics(answer.read().decode())["sglang:num_requests_total"])
 
 
 def assert_accounted(prompts, outcome_records) -> dict:
