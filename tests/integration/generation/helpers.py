@@ -56,8 +56,12 @@ def token_counter(tokenizer_dir):
 
 
 def generated_requests(url: str) -> int:
-    """Return how many requests a stand-in has generated to the end, by its own counter
-    (``sglang:num_requests_total``: a request its client went away from is not counted)."""
+    """Return how many requests a stand-in has generated to the end, by its own counter.
+
+    The stand-in counts ``sglang:num_requests_total`` only for a request it answered, not for
+    one its client went away from. SGLang 0.5.23 increments it in
+    ``observe_one_finished_request`` (``observability/metrics_collector.py``), which an
+    aborted request can reach too: for the stand-in's faults only."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
         return int(parse_metrics(answer.read().decode())["sglang:num_requests_total"])
 
