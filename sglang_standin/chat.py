@@ -19,6 +19,7 @@ from typing import Any
 from sglang_standin import reasoning
 from sglang_standin.errors import CONVERSION, VALIDATION, BadRequest
 from sglang_standin.generation import Completion, detokenize
+from sglang_standin.steering import Steering, parse_steering
 
 logger = logging.getLogger("sglang_standin")
 
@@ -33,6 +34,8 @@ _SAMPLING_KEYS = (
     "frequency_penalty",
     "presence_penalty",
     "repetition_penalty",
+    "logit_bias",  # steering (sglang_standin.steering); in the key, so steered answers differ
+    "regex",
 )
 # pydantic's lax bool: what it accepts for a `bool` field besides true/false.
 _TRUE = frozenset({1, "1", "on", "t", "true", "y", "yes"})
@@ -54,6 +57,8 @@ class ChatRequest:
     return_token_ids: bool = False
     return_prompt_token_ids: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
+    steering: Steering = field(default_factory=Steering)
+    n: int = 1
 
 
 def parse_chat(body: Any, version: str) -> ChatRequest:
@@ -92,6 +97,12 @@ def parse_chat(body: Any, version: str) -> ChatRequest:
         skip_special_tokens=_bool(body, "skip_special_tokens", True),
         sampling={k: body[k] for k in _SAMPLING_KEYS if body.get(k) is not None},
     )
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise BadRequest("n: Input should be a valid integer of at least 1", VALIDATION)
+    req.n = n
     stream = _bool(body, "stream", False)
     if version != "v0.5.6":
         req.return_token_ids = _bool(body, "return_token_ids", False)
@@ -112,8 +123,7 @@ def parse_chat(body: Any, version: str) -> ChatRequest:
         )
     if stream:
         raise BadRequest("the stand-in does not model streaming", VALIDATION)
-    if body.get("n", 1) not in (None, 1):
-        raise BadRequest("the stand-in models only n=1", VALIDATION)
+    req.steering = parse_steering(body)
     return req
 
 
@@ -212,7 +222,7 @@ class ChatAnswer:
     cached_tokens: int | None = None  # None: --enable-cache-report is off
 
 
-def chat_body(version: str, req: ChatRequest, answer: ChatAnswer) -> dict[str, Any]:
+def chat_body(version: str, req: ChatRequest, answers: list[ChatAnswer]) -> dict[str, Any]:
     """Return the ChatCompletionResponse JSON as each release serializes it.
 
     v0.5.23 `protocol.py`: `ChatMessage._serialize` drops a None `tool_calls`,
@@ -222,17 +232,46 @@ def chat_body(version: str, req: ChatRequest, answer: ChatAnswer) -> dict[str, A
     gives `{"cached_tokens": K}`, v0.5.6 only when K > 0.
     """
     new = version != "v0.5.6"
+    answer = answers[0]
+    p = len(answer.prompt_ids)
+    # n > 1: usage sums the choices' completion and reasoning tokens (serving_chat.py).
+    n = sum(a.completion.completion_tokens for a in answers)
+    reasoning_tokens = sum(a.reasoning_tokens for a in answers)
+    details = None
+    if answer.cached_tokens is not None and (new or answer.cached_tokens > 0):
+        details = {"cached_tokens": answer.cached_tokens}
+    usage: dict[str, Any] = {
+        "prompt_tokens": p,
+        "total_tokens": p + n,
+        "completion_tokens": n,
+        "prompt_tokens_details": details,
+        "reasoning_tokens": reasoning_tokens,
+    }
+    if new:
+        r = reasoning_tokens
+        usage["completion_tokens_details"] = {"reasoning_tokens": r} if r else None
+    return {
+        "id": uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": [_choice(version, req, i, a) for i, a in enumerate(answers)],
+        "usage": usage,
+        "metadata": {"weight_version": "default"},
+    }
+
+
+def _choice(version: str, req: ChatRequest, index: int, answer: ChatAnswer) -> dict[str, Any]:
     c = answer.completion
-    p, n = len(answer.prompt_ids), c.completion_tokens
     message: dict[str, Any] = {
         "role": "assistant",
         "content": answer.content,
         "reasoning_content": answer.reasoning_content,
     }
-    if not new:
+    if version == "v0.5.6":
         message["tool_calls"] = None
     choice: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "message": message,
         "logprobs": None,
         "finish_reason": c.finish,
@@ -242,28 +281,7 @@ def chat_body(version: str, req: ChatRequest, answer: ChatAnswer) -> dict[str, A
         choice["prompt_token_ids"] = answer.prompt_ids
     if req.return_token_ids:
         choice["response_token_ids"] = c.ids
-    details = None
-    if answer.cached_tokens is not None and (new or answer.cached_tokens > 0):
-        details = {"cached_tokens": answer.cached_tokens}
-    usage: dict[str, Any] = {
-        "prompt_tokens": p,
-        "total_tokens": p + n,
-        "completion_tokens": n,
-        "prompt_tokens_details": details,
-        "reasoning_tokens": answer.reasoning_tokens,
-    }
-    if new:
-        r = answer.reasoning_tokens
-        usage["completion_tokens_details"] = {"reasoning_tokens": r} if r else None
-    return {
-        "id": uuid.uuid4().hex,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": [choice],
-        "usage": usage,
-        "metadata": {"weight_version": "default"},
-    }
+    return choice
 
 
 def answer_for(

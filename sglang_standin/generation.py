@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_standin.steering import Steering
 from sglang_standin.words import WORDS
 
 THINK_START = "<think>"
@@ -134,19 +135,30 @@ class CompletionWriter:
         """Say whether the model would open a think block after this prompt (Qwen3-like)."""
         return self.think_start_id is not None and prompt.endswith(GENERATION_PROMPT)
 
-    def write(self, prompt: str, sampling: dict[str, Any], limit: int | None) -> Completion:
+    def write(self, prompt: str, sampling: dict[str, Any], limit: int | None,
+              steering: Steering | None = None) -> Completion:
         """Return the completion for `prompt`; `limit` caps generated tokens (None: no cap).
 
         Length budgets count canonical tokens and the cap counts the ids emitted, so a
-        non-canonical split lengthens the ids but never changes the words.
+        non-canonical split lengthens the ids but never changes the words. `steering` (the
+        request's `logit_bias` and `regex`): a certain id or a literal replaces the prose; an
+        impossible stop id makes the answer run to `limit`, an impossible `</think>` leaves
+        the think block open to the end.
         """
+        steering = steering or Steering()
+        thinking = self.thinks(prompt)
+        if steering.forced is not None or steering.literal is not None:
+            return self._steered(steering, limit, thinking)
         digest = _digest(self.seed, prompt, sampling)
         rng = random.Random(digest)
         alt = random.Random(digest ^ _ALT_STREAM) if self.splits is not None else None
+        endless = self.eos_id in steering.banned
+        open_think = self.think_end_id in steering.banned
         natural = self._natural_length(rng)
-        thinking = self.thinks(prompt)
+        if endless:  # longer than any cap: the cap ends it
+            natural = (limit if limit is not None else self.lengths.max_tokens) + 8
         if thinking:
-            frac = rng.uniform(0.55, 0.85)
+            frac = 1.0 if open_think else rng.uniform(0.55, 0.85)
             reasoning_len = max(1, round(natural * frac))
             content_len = max(2, natural - reasoning_len)
         else:
@@ -160,20 +172,39 @@ class CompletionWriter:
             ids.append(self.think_start_id)
             ids += self._newline
             canon = self._segment(rng, alt, ids, len(ids), reasoning_len, stop_at, closing=[])
-            tail = [*self._newline, self.think_end_id, *self._blank]
-            ids += tail
-            canon += len(tail)
+            if not open_think:
+                tail = [*self._newline, self.think_end_id, *self._blank]
+                ids += tail
+                canon += len(tail)
         call = self._tool_call(prompt, digest)
-        if call is not None:
+        if call is not None and not (thinking and open_think):
             ids += call
-        else:
+        elif not (thinking and open_think):
             self._segment(rng, alt, ids, canon, content_len, stop_at, closing=self._period)
-        ids.append(self.eos_id)
-        if len(ids) > stop_at:
-            cut = ids[: int(stop_at)]
+        if not endless:
+            ids.append(self.eos_id)
+        if len(ids) > stop_at or endless:
+            cut = ids[: int(min(stop_at, len(ids)))]
             return Completion(cut, detokenize(self.tokenizer, cut, None), "length", None, thinking)
         text = detokenize(self.tokenizer, ids, self.eos_id)
         return Completion(ids, text, "stop", self.eos_id, thinking)
+
+    def _steered(self, steering: Steering, limit: int | None, thinking: bool) -> Completion:
+        """Return a certain id at every step, or the literal the regex allows, then the stop."""
+        cap = limit if limit is not None else self.lengths.max_tokens
+        if steering.forced == self.eos_id or (steering.forced is None and cap == 0):
+            ids = [self.eos_id][:cap]
+        elif steering.forced is not None:
+            ids = [steering.forced] * cap
+        else:
+            assert steering.literal is not None
+            ids = [*self.tokenizer.encode(steering.literal, add_special_tokens=False),
+                   self.eos_id]
+        if len(ids) > cap or ids[-1:] != [self.eos_id]:
+            cut = ids[:cap]
+            return Completion(cut, detokenize(self.tokenizer, cut, None), "length", None, thinking)
+        return Completion(ids, detokenize(self.tokenizer, ids, self.eos_id), "stop", self.eos_id,
+                          thinking)
 
     def _tool_call(self, prompt: str, digest: int) -> list[int] | None:
         """Return the ids of a call to the prompt's first listed function, or None (prose)."""

@@ -23,6 +23,7 @@ from aiohttp import web
 from sglang_standin import perf
 from sglang_standin.chat import ChatTemplater, answer_for, chat_body, parse_chat
 from sglang_standin.cli import ServerConfig
+from sglang_standin.completions import completion_body, parse_completion
 from sglang_standin.errors import (
     BAD_REQUEST,
     CONVERSION,
@@ -169,6 +170,7 @@ class StandinServer:
         r.add_get("/get_server_info", self.server_info)
         r.add_get("/server_info", self.server_info)
         r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post("/v1/completions", self.completions)
         r.add_post("/generate", self.generate)
         r.add_route("GET", "/flush_cache", self.flush_cache)
         r.add_route("POST", "/flush_cache", self.flush_cache)
@@ -296,19 +298,55 @@ class StandinServer:
         )  # fmt: skip
         if error is not None:
             return flat_error(error, BAD_REQUEST, 400)
-        limit = req.max_tokens if req.max_tokens is not None else self.context_length - 2 - p
-        completion = self.writer.write(prompt, req.sampling, limit)
-        outcome, cached = await self._run_job(request, prompt_ids, completion, arrived)
+        limit = self._limit(p, req.max_tokens)
+        answers = []
+        for index in range(req.n):  # n > 1: more samples of one prompt (another RNG key each)
+            sampling = req.sampling if index == 0 else {**req.sampling, "choice": index}
+            completion = self.writer.write(prompt, sampling, limit, req.steering)
+            outcome, cached = await self._run_job(request, prompt_ids, completion, arrived)
+            if outcome is not None:
+                return outcome
+            answer = answer_for(
+                self.version, self.config.reasoning_parser, req, completion, prompt_ids,
+                self.tokenizer, self.templater.template_text, self.think_end_ids,
+            )  # fmt: skip
+            if self.config.enable_cache_report:
+                answer.cached_tokens = cached
+            self._log_sampled(prompt_ids, completion)
+            answers.append(answer)
+        return json_response(chat_body(self.version, req, answers))
+
+    def _limit(self, p: int, max_tokens: int | None) -> int:
+        """Return the new tokens a request of P prompt tokens may get: at most C - P - 2.
+
+        SGLang caps every accepted request there whatever its max_tokens (``scheduler.py``
+        ``max_req_len = context_len - 1``, new tokens <= ``max_req_len - input_len - 1``), so a
+        request sized to the last token ends by length two tokens short.
+        """
+        cap = self.context_length - 2 - p
+        return max(0, cap if max_tokens is None else min(max_tokens, cap))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``/v1/completions``: a raw prompt, as ``serving_completions.py`` answers it."""
+        arrived = time.monotonic()
+        try:
+            req = parse_completion(await read_json(request))
+        except BadRequest as exc:
+            return flat_error(exc.message, exc.err_type, 400)
+        prompt_ids = list(self.tokenizer.encode(req.prompt, add_special_tokens=False))
+        error = length_error(
+            len(prompt_ids), req.max_tokens, self.context_length, self.max_req_input_len,
+            self.config.effective_length_check,
+        )  # fmt: skip
+        if error is not None:
+            return flat_error(error, BAD_REQUEST, 400)
+        completion = self.writer.write(req.prompt, req.sampling,
+                                       self._limit(len(prompt_ids), req.max_tokens))
+        outcome, _ = await self._run_job(request, prompt_ids, completion, arrived)
         if outcome is not None:
             return outcome
-        answer = answer_for(
-            self.version, self.config.reasoning_parser, req, completion, prompt_ids,
-            self.tokenizer, self.templater.template_text, self.think_end_ids,
-        )  # fmt: skip
-        if self.config.enable_cache_report:
-            answer.cached_tokens = cached
         self._log_sampled(prompt_ids, completion)
-        return json_response(chat_body(self.version, req, answer))
+        return json_response(completion_body(req, completion, prompt_ids))
 
     def _log_sampled(self, prompt_ids: list[int], completion: Completion) -> None:
         # The stand-in's own record of what it sampled: a pipeline's rows are checked against
