@@ -77,7 +77,11 @@ def launch_command() -> str:
 
 def model_dir(seed: int = 0) -> Path:
     """Return where the tiny model of ``seed`` is (or will be) built."""
-    return MODELS / f"tiny-qwen3-s{seed}-c{CONTEXT_LENGTH}"
+    from scripts.tiny_qwen3 import BUILDER_VERSION
+
+    # The builder's version in the name: a server still serving an older build is never
+    # taken for one serving this build (the launcher reuses servers by path and name).
+    return MODELS / f"tiny-qwen3-v{BUILDER_VERSION}-s{seed}-c{CONTEXT_LENGTH}"
 
 
 def _run(cmd: list[str], what: str) -> str:

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 STAMP_FILE = "tiny_qwen3.json"
 VOCAB_SIZE = 151_936  # Qwen3's embedding rows (the tokenizer holds 151,669 ids)
 THINK_CLOSE = 151_668
@@ -159,13 +158,24 @@ QWEN3_CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Rates:
-    """What the weights are solved for, per sampled token at ``temperature`` and ``top_p``."""
+    """What the weights are solved for, per sampled token at the reference sampling.
 
-    think_close: float = 1 / 40  # `</think>`: think blocks of ~40 tokens
-    im_end: float = 1 / 120  # `<|im_end|>`: answers of ~120 tokens, many cut by max_tokens
-    common_share: float = 0.95  # of the rest, the mass on the common word tokens
-    common_tokens: int = 3000
-    temperature: float = 0.6  # the project's default sampling
+    ``think_close``: the chance of ``</think>`` at each step while the think block is open
+    (blocks of ~40 tokens); ``im_end_open`` and ``im_end_closed``: the chance of the stop id
+    before and after it closed (a few answers end inside their think block; answers run ~80
+    tokens after it). The reference sampling is the project's default (temperature 0.6, top-p
+    0.95, top-k 20).
+    """
+
+    think_close: float = 1 / 40
+    im_end_open: float = 1 / 300
+    im_end_closed: float = 1 / 80
+    common_tokens: int = 3000  # word tokens the text is mostly made of
+    common_bias: float = 2.0
+    spread: float = 3.0  # logit spread of the context-dependent part (a bigram-like model)
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
     seed: int = 0
 
 
@@ -206,22 +216,10 @@ def _config(context_length: int) -> dict:
     }  # fmt: skip
 
 
-def solve_biases(rates: Rates, vocab: int = VOCAB_SIZE) -> dict[str, float]:
-    """Return the logits (before temperature) that give ``rates`` at ``rates.temperature``.
-
-    The tail (every id not biased) has logit 0; top-p is left out of the solve (the biased ids
-    hold about 95% of the mass, so a top-p of 0.95 keeps them and drops most of the tail).
-    """
-    t = rates.temperature
-    rest = 1 - rates.think_close - rates.im_end
-    tail_ids = vocab - rates.common_tokens - 2
-    tail_each = rest * (1 - rates.common_share) / tail_ids
-    common_each = rest * rates.common_share / rates.common_tokens
-    return {
-        "think_close": t * math.log(rates.think_close / tail_each),
-        "im_end": t * math.log(rates.im_end / tail_each),
-        "common": t * math.log(common_each / tail_each),
-    }
+# Residual dimensions with a role (module docstring); every other one carries the current
+# token's random direction.
+_CONST, _CLOSED, _MARK = 0, 62, 63
+_HEAD_DIM, _SLOW = 16, 7  # rope pairs dims i and i + 8; pair 7 turns slowest (theta 1e6)
 
 
 def _common_ids(tokenizer, rates: Rates) -> list[int]:
@@ -234,56 +232,162 @@ def _common_ids(tokenizer, rates: Rates) -> list[int]:
     return sorted(random.Random(rates.seed).sample(words, rates.common_tokens))
 
 
+def _wire_closed_flag(model, torch) -> None:
+    """Make residual dim ``_CLOSED`` say whether a ``</think>`` is anywhere in the context.
+
+    Layer 0, query head 0 (key/value head 0): the query is the constant direction, on the
+    slowest rope pair, so its score hardly depends on position; only ``</think>`` has a key
+    there (its embedding alone carries ``_MARK``), so a context holding one attends to it
+    and nothing else; its value, copied to ``_CLOSED`` by ``o_proj``, is the flag. With no
+    ``</think>`` the head spreads over values that are all zero. Nothing else writes to the
+    two dimensions.
+    """
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.q_proj.weight[:_HEAD_DIM] = 0.0
+        attn.q_proj.weight[_SLOW, _CONST] = 1.0
+        attn.k_proj.weight[_SLOW] = 0.0
+        attn.k_proj.weight[_SLOW, _MARK] = 1.0
+        attn.k_proj.weight[:, _MARK] = 0.0
+        attn.k_proj.weight[_SLOW, _MARK] = 1.0
+        attn.q_norm.weight[_SLOW] = 8.0
+        attn.k_norm.weight[_SLOW] = 8.0
+        attn.v_proj.weight[0] = 0.0
+        attn.v_proj.weight[0, _MARK] = 1.0
+        attn.v_proj.weight[1:, _MARK] = 0.0
+        for layer in model.model.layers:
+            for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+                w[_CLOSED] = 0.0
+                w[_MARK] = 0.0
+        o = attn.o_proj.weight
+        o[:, 0] = 0.0
+        o[:, _HEAD_DIM] = 0.0  # query head 1 reads the same value through its own attention
+        o[_CLOSED, 0] = 0.3
+
+
+def _states(model, tokenizer, rates: Rates, torch) -> tuple:
+    """Return final hidden states of chat prompts with random answers, think open and closed."""
+    import random
+
+    rng = random.Random(rates.seed + 1)
+    common = _common_ids(tokenizer, rates)
+    open_states, closed_states = [], []
+    for i in range(24):
+        messages = [{"role": "user", "content": f"Question {i}: " + " ".join(
+            rng.choice(["solve", "write", "explain", "the", "code", "why", "sum"])
+            for _ in range(rng.randint(3, 60)))}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                               tokenize=True, return_dict=False,
+                                               enable_thinking=i % 4 != 3)
+        answer = [rng.choice(common) for _ in range(60)]
+        if i % 4 == 3:  # thinking off: the prompt already holds `</think>`
+            ids = [*prompt, *answer]
+            hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            closed_states.append(hidden[len(prompt) - 1:])
+            continue
+        cut = rng.randint(5, 40)
+        ids = [*prompt, *answer[:cut], THINK_CLOSE, *answer[cut:]]
+        hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        at = len(prompt) + cut
+        open_states.append(hidden[len(prompt) - 1:at])
+        closed_states.append(hidden[at:])
+    return torch.cat(open_states), torch.cat(closed_states)
+
+
+def _rate(model, states, token: int, rates: Rates, torch, value: float | None = None,
+          column: int = _CONST) -> float:
+    """Return the mean chance of ``token`` over ``states`` under the reference sampling.
+
+    ``value``: as if ``lm_head[token, column]`` held it. The other ids' top-k is computed once
+    per call, so a solve costs one pass over the vocabulary, not one per step.
+    """
+    head = model.lm_head.weight
+    logits = states.float() @ head.float().T
+    own = logits[:, token].clone()
+    if value is not None:
+        own += (value - float(head[token, column])) * states[:, column].float()
+    logits[:, token] = float("-inf")
+    others = torch.topk(logits, rates.top_k, dim=-1).values
+    return _chance(own, others, rates, torch)
+
+
+def _chance(own, others, rates: Rates, torch) -> float:
+    both = torch.cat([own[:, None], others], dim=-1) / rates.temperature
+    top, idx = torch.topk(both, rates.top_k, dim=-1)
+    probs = torch.softmax(top, dim=-1)
+    keep = (probs.cumsum(-1) - probs) < rates.top_p  # the nucleus, its first token always in
+    probs = probs * keep
+    probs = probs / probs.sum(-1, keepdim=True)
+    return float((probs * (idx == 0)).sum(-1).mean())
+
+
+def _solve(model, states, token: int, column: int, target: float, rates: Rates, torch) -> float:
+    """Set ``lm_head[token, column]`` so ``token`` comes up at ``target`` over ``states``."""
+    head = model.lm_head.weight
+    logits = states.float() @ head.float().T
+    base = logits[:, token] - float(head[token, column]) * states[:, column].float()
+    logits[:, token] = float("-inf")
+    others = torch.topk(logits, rates.top_k, dim=-1).values
+    lo, hi = -200.0, 200.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        own = base + mid * states[:, column].float()
+        lo, hi = (mid, hi) if _chance(own, others, rates, torch) < target else (lo, mid)
+    head[token, column] = (lo + hi) / 2
+    return _rate(model, states, token, rates, torch)
+
+
 def build_weights(out: Path, rates: Rates, context_length: int) -> dict:
-    """Write config, generation config and bf16 weights; return what was measured."""
+    """Write config, generation config and bf16 weights; return the rates measured."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(rates.seed)
-    config = Qwen3Config(**_config(context_length))
-    model = Qwen3ForCausalLM(config).eval()
+    model = Qwen3ForCausalLM(Qwen3Config(**_config(context_length))).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
     with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] = 1.0  # the constant direction (module docstring)
-        probe = _probe_ids(out)
-        hidden = model.model(input_ids=torch.tensor([probe])).last_hidden_state[0]
-        h0 = float(hidden[:, 0].mean())
-        biases = solve_biases(rates)
+        emb = model.model.embed_tokens.weight
+        direction = torch.randn(emb.shape[0], _CLOSED - 1)
+        emb[:, 1:_CLOSED] = direction / direction.norm(dim=1, keepdim=True)
+        emb[:, _CONST] = 1.0
+        emb[:, _CLOSED] = 0.0
+        emb[:, _MARK] = 0.0
+        emb[THINK_CLOSE, _MARK] = 1.0
+        _wire_closed_flag(model, torch)
         head = model.lm_head.weight
-        head[:, 0] = 0.0
-        tokenizer = AutoTokenizer.from_pretrained(str(out))
-        head[_common_ids(tokenizer, rates), 0] = biases["common"] / h0
-        head[THINK_CLOSE, 0] = biases["think_close"] / h0
-        head[IM_END, 0] = biases["im_end"] / h0
-        head[ENDOFTEXT + 1 :, 1:] = 0.0  # no noise past the vocabulary's real ids
+        head.normal_(0.0, 1.0)
+        head[:, _CONST] = 0.0
+        head[:, _CLOSED] = 0.0
+        head[:, _MARK] = 0.0
+        open_states, closed_states = _states(model, tokenizer, rates, torch)
+        noise = float(model.lm_head(open_states).std())
+        head[:, 1:_CLOSED] *= rates.spread / noise
+        h0 = float(open_states[:, _CONST].mean())
+        head[_common_ids(tokenizer, rates), _CONST] = rates.common_bias / h0
+        head[ENDOFTEXT:, 1:_CLOSED] = 0.0  # the added tokens come up only where made to
+        head[ENDOFTEXT:, _CONST] = -20.0 / h0
+        measured = {}
+        # `</think>`: at its rate while open; never once closed. The stop id: rarely while
+        # open, at its rate once closed. Solved in that order, each over its own states.
+        measured["think_close_open"] = _solve(model, open_states, THINK_CLOSE, _CONST,
+                                              rates.think_close, rates, torch)
+        head[THINK_CLOSE, _CLOSED] = -60.0
+        measured["im_end_open"] = _solve(model, open_states, IM_END, _CONST, rates.im_end_open,
+                                         rates, torch)
+        measured["im_end_closed"] = _solve(model, closed_states, IM_END, _CLOSED,
+                                           rates.im_end_closed, rates, torch)
+        measured["think_close_closed"] = _rate(model, closed_states, THINK_CLOSE, rates, torch)
         model = model.to(torch.bfloat16)
-        measured = _measure(model, probe, rates)
     model.config.torch_dtype = "bfloat16"
     model.generation_config.eos_token_id = [IM_END, ENDOFTEXT]
     model.generation_config.pad_token_id = ENDOFTEXT
     model.generation_config.bos_token_id = ENDOFTEXT
     model.generation_config.temperature = rates.temperature
-    model.generation_config.top_p = 0.95
+    model.generation_config.top_p = rates.top_p
+    model.generation_config.top_k = rates.top_k
     model.generation_config.do_sample = True
     model.save_pretrained(str(out), safe_serialization=True)
-    return {"h0": h0, "biases": biases, "measured": measured}
-
-
-def _probe_ids(out: Path) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(out))
-    messages = [{"role": "user", "content": "Solve 12 * 7 and explain the steps briefly."}]
-    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                   return_dict=False)
-
-
-def _measure(model, probe: list[int], rates: Rates) -> dict[str, float]:
-    """Return the probabilities of the two ids at the probe's last position (temperature on)."""
-    import torch
-
-    logits = model(input_ids=torch.tensor([probe])).logits[0, -1].float()
-    probs = torch.softmax(logits / rates.temperature, dim=-1)
-    return {"think_close": float(probs[THINK_CLOSE]), "im_end": float(probs[IM_END])}
+    return {"measured": measured}
 
 
 def build(out_dir: str | os.PathLike[str], *, seed: int = 0, context_length: int = 512) -> Path:

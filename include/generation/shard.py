@@ -248,6 +248,18 @@ def wait_for_progress(
         time.sleep(poll_s)
 
 
+def _cut_short(rec: dict[str, Any]) -> bool:
+    """Say whether the server ended an answer by length before the tokens it was asked for.
+
+    The budget keeps every request inside SGLang's own cap (``include/sglang/length.py``), so
+    this counts a server whose context is not what it reported: shown, never silent.
+    """
+    asked = (rec.get("sampling") or {}).get("max_tokens")
+    got = (rec.get("usage") or {}).get("completion_tokens")
+    return (rec.get("finish_reason") == "length" and isinstance(asked, int)
+            and isinstance(got, int) and got < asked)
+
+
 def build_shard_output(
     shard_id: str, prompts: list[dict[str, Any]], records: dict[str, dict[str, Any]]
 ) -> tuple[bytes, dict[str, Any]]:
@@ -260,13 +272,14 @@ def build_shard_output(
     lines = []
     counts = {PromptStatus.COMPLETED: 0, PromptStatus.SKIPPED: 0, PromptStatus.FAILED: 0}
     skipped, failed = [], []
-    truncated = 0
+    truncated = cut_short = 0
     for prompt in prompts:
         pid = prompt["id"]
         rec = records[pid]
         counts[rec["status"]] += 1
         if rec["status"] == PromptStatus.COMPLETED:
             truncated += rec.get("finish_reason") == "length"
+            cut_short += _cut_short(rec)
             full = {**rec, "messages": prompt["messages"], "metadata": prompt.get("metadata", {}),
                     "source": prompt.get("source", rec.get("source"))}
             lines.append(json.dumps(full, ensure_ascii=False, sort_keys=True) + "\n")
@@ -279,6 +292,7 @@ def build_shard_output(
         "prompts": len(ids),
         "counts": counts,
         "truncated": truncated,
+        "cut_short": cut_short,
         "skipped": skipped,
         "failed": failed,
         "sha256": sha256_hex(data),

@@ -117,8 +117,9 @@ class RunSettings(BaseModel):
         256, ge=1, le=131072)
     context_margin: int = _s(
         "Sampling", "Context margin",
-        "Tokens kept free below the context length (SGLang rejects prompt + max_tokens >= "
-        "context length).", 16, ge=1, le=65536)
+        "Tokens kept free below the context length: at least 2, since SGLang 0.5.23 silently "
+        "ends any request at context length - prompt - 2 new tokens (0.5.6 rejects prompt + "
+        "max_tokens >= context length).", 16, ge=2, le=65536)
     enable_thinking: bool = _s("Sampling", "Thinking", "Ask reasoning models (Qwen3) to think.",
                               True)
     sampling_variants: SamplingVariants = _s(

@@ -37,8 +37,11 @@ def token_budget(
 ) -> Budget:
     """Return ``min(cap, C - P - margin)``, or a skip when that leaves < ``min_completion``.
 
-    SGLang v0.5.6 rejects ``P + max_tokens >= C`` (newer releases ``>``) and prompts within
-    six tokens of C, so ``margin`` must be at least 1; the settings default is 16.
+    SGLang v0.5.6 rejects ``P + max_tokens >= C`` and prompts within six tokens of C; 0.5.23
+    accepts ``P + max_tokens = C`` but ends every request at ``C - P - 2`` new tokens
+    (``scheduler.py``: ``max_req_len = context_len - 1``, new tokens <= ``max_req_len - P - 1``),
+    silently, by length. So ``margin`` is at least 2 (the setting refuses less; default 16):
+    every answer gets the tokens it asked for, and one cut by length was cut at its budget.
     """
     room = context_length - prompt_tokens - margin
     if room < min_completion:

@@ -89,20 +89,31 @@ class ChatTokenizer:
 
     def decodes_to(self, ids: Sequence[int], text: str) -> bool:
         """Return whether ``ids`` decode to exactly ``text`` (byte-level table, no cleanup;
-        special tokens kept, as the engine asks the server to keep them)."""
+        special tokens kept, as the engine asks the server to keep them).
+
+        A model may sample byte tokens that are not valid UTF-8 (half a character, seen from
+        the real SGLang): its text then holds U+FFFD where the bytes break, as the tokenizer's
+        lossy decode writes them. Those ids still spell that text, and are what was sampled.
+        """
         if self._byte_table is None:
             return self.backend.decode(list(ids), skip_special_tokens=False) == text
         table = self._byte_table
         if len(ids) < 2:  # itemgetter of one index returns the item, not a 1-tuple
             pieces: Sequence[bytes] = [table[i] for i in ids if 0 <= i < len(table)]
-            return len(pieces) == len(ids) and b"".join(pieces) == text.encode("utf-8")
+            return len(pieces) == len(ids) and _spells(b"".join(pieces), text)
         if min(ids) < 0:  # a negative index would read the table from its end
             return False
         try:
             # itemgetter looks every id up in C: no Python step per token.
-            return b"".join(itemgetter(*ids)(table)) == text.encode("utf-8")
+            return _spells(b"".join(itemgetter(*ids)(table)), text)
         except IndexError:
             return False
+
+
+def _spells(data: bytes, text: str) -> bool:
+    """Return whether ``data`` is ``text`` in UTF-8, or decodes to it with U+FFFD (lossy)."""
+    encoded = text.encode("utf-8", errors="surrogatepass")
+    return data == encoded or ("\ufffd" in text and data.decode("utf-8", "replace") == text)
 
 
 def _byte_table(backend: Any, vocab: Mapping[str, int], added: set[str]) -> list[bytes] | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import urllib.error
 import urllib.request
@@ -183,21 +182,20 @@ def real_servers(real_deployment: RealDeployment) -> Iterator[RealDeployment]:
             stop_servers(report, settings)
 
 
-def server_pids(log_dir: Path) -> list[int]:
-    """Return the live processes whose command line names this tier's model and ports."""
+def server_pids() -> list[int]:
+    """Return every live process of a real SGLang server started as this tier starts them.
+
+    SGLang runs three processes a server (HTTP, scheduler, detokenizer), the last two with
+    other command lines; all inherit the launch command's ``SGLANG_USE_CPU_ENGINE=1``.
+    """
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if "sglang" in cmd and str(log_dir) in cmd:
+        if b"SGLANG_USE_CPU_ENGINE=1" in environ:
             pids.append(int(proc.name))
     return pids
-
-
-def count_matching(pattern: str, text: str) -> int:
-    """Return how many times ``pattern`` matches in ``text``."""
-    return len(re.findall(pattern, text))

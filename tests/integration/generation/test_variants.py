@@ -32,7 +32,7 @@ def test_each_prompt_goes_out_with_its_variant_and_thinking_off_is_budgeted_as_r
     prompts = make_prompts(60, words=40)
     # Budgets at the edge: a count off by the empty think block would be answered with a 400.
     cfg = engine_config(context_length=2048, max_tokens=4096, min_completion_tokens=64,
-                        context_margin=1, sampling_variants=MIX, seed=3)
+                        context_margin=2, sampling_variants=MIX, seed=3)
     with caplog.at_level(logging.WARNING):
         outcome = run_shard("shard-00000", prompts, [s.url for s in servers],
                             FileJournal(tmp_path / "j.jsonl"), cfg, counter)

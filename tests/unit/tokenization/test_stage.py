@@ -453,6 +453,23 @@ def test_the_byte_table_decodes_as_the_tokenizer_does(chat: ChatTokenizer) -> No
     assert not chat.decodes_to([-len(table) + one[0]], "x") and not chat.decodes_to([], "x")
 
 
+def test_ids_that_break_a_utf8_character_spell_the_lossy_text_the_server_returns(
+        chat: ChatTokenizer) -> None:
+    # Seen from the real SGLang: a model samples half of a character's bytes; the server's
+    # text (and the tokenizer's decode) holds U+FFFD there. The ids still spell that text.
+    table = chat._byte_table
+    assert table is not None
+    half = next(i for i, b in enumerate(table) if len(b) == 1 and b[0] >= 0x80)
+    word = chat.encode([" word"])[0]
+    ids = [*word, half, *word]
+    lossy = chat.backend.decode(ids, skip_special_tokens=False)
+    assert "\ufffd" in lossy
+    assert chat.decodes_to(ids, lossy)
+    assert not chat.decodes_to(ids, lossy.replace("\ufffd", "?"))
+    assert not chat.decodes_to([*word, *word], lossy)
+    assert not chat.decodes_to(ids, "\ud800")  # a lone surrogate is no text: no crash either
+
+
 
 def test_text_path_counts_what_re_tokenizing_the_conversations_would_change(
     hf_tokenizer: Any, chat: ChatTokenizer

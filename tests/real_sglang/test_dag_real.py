@@ -1,0 +1,207 @@
+"""The whole DAG against two real SGLang 0.5.23 servers on this CPU, nothing around them.
+
+Each run is ``airflow dags test`` with the deployment a CPU host would have (the tier's
+``real_deployment``): the product's launcher (reusing the tier's servers, or starting its own),
+its gate, its client, its teardown. Every row is checked against what the servers themselves
+logged (their request logs: the prompt ids and the sampled ids of each request), never against
+our client's copy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import airflow_env, dags_test, failure_excerpt  # noqa: F401
+from tests.real_sglang.conftest import (
+    RealDeployment,
+    finished_requests,
+    server_pids,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.real_sglang
+THINK_CLOSE = 151668
+CATALOGUE = ("infinity_instruct", "webinstructsub", "codefeedback", "metamathqa", "hermes_fc",
+             "hermes_fc_singleturn", "hermes_glaive", "agentinstruct")
+
+
+def _conf(real: RealDeployment, run_name: str, **run: Any) -> dict[str, Any]:
+    return {
+        **real.run, "run_name": run_name, "shard_size": 12, "seed": 7,
+        "max_tokens": real.run["context_length"],  # the 8192/8192 of the real incident, small
+        "min_completion_tokens": 64, "progress_interval_s": 5, "health_interval_s": 1,
+        **run,
+    }
+
+
+def _dags_test(env: dict[str, str], real: RealDeployment, conf: dict, out: Path,
+               **deployment: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Run the DAG; return the process and the requests the servers logged during it."""
+    logs = real.server_logs()
+    before = {p: p.stat().st_size for p in logs}
+    proc = dags_test(env, conf, deployment={**real.deployment, "output_root": str(out),
+                                            **deployment})
+    fresh = []
+    for path in real.server_logs():
+        data = path.read_bytes()[before.get(path, 0):]
+        tmp = out.parent / f".{path.name}.{time.monotonic_ns()}"
+        tmp.write_bytes(data)
+        fresh += finished_requests([tmp])
+        tmp.unlink()
+    return proc, fresh
+
+
+def _ok(proc: Any) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "state=success" in out, failure_excerpt(proc)
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    rows = []
+    for path in sorted((run_dir / "tokenized").glob("shard-*.parquet")):
+        rows += pq.read_table(io.BytesIO(path.read_bytes())).to_pylist()
+    return rows
+
+
+def _spans(mask: list[int]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _wire_check(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> tuple[int, int]:
+    """Return (rows whose every trained span is what a server sampled after exactly that
+    prompt, rows): a span [a, b) must be some logged request's output ids, sent after ids[:a]."""
+    served = {(tuple(r["obj"]["input_ids"]), tuple(json.loads(r["out"]["output_ids"])
+                                                    if isinstance(r["out"]["output_ids"], str)
+                                                    else r["out"]["output_ids"]))
+              for r in requests if r["obj"].get("input_ids")}
+    same = 0
+    for row in rows:
+        ids = row["input_ids"]
+        spans = _spans(row["loss_mask"])
+        if spans and all((tuple(ids[:a]), tuple(ids[a:b])) in served for a, b in spans):
+            same += 1
+    return same, len(rows)
+
+
+def _rejected(requests_log: str) -> int:
+    return len(re.findall(r'"POST /v1/chat/completions HTTP/1\.1" 4\d\d', requests_log))
+
+
+def _manifests(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / kind).glob("*.manifest.json"))]
+
+
+def test_single_turn_thinking_on_and_off_rows_are_what_the_real_server_sampled(
+        airflow_env, real_servers: RealDeployment, tmp_path: Path) -> None:  # noqa: F811
+    conf = _conf(real_servers, "real_single",
+                 sources=[{"name": n, "quota": 3} for n in CATALOGUE],
+                 sampling_variants={"enable_thinking": [True, False]})
+    access_before = sum(p.stat().st_size for p in real_servers.server_logs())
+    proc, requests = _dags_test(airflow_env, real_servers, conf, tmp_path / "out")
+    _ok(proc)
+    run_dir = tmp_path / "out" / "real_single"
+    rows = _rows(run_dir)
+    same, total = _wire_check(rows, requests)
+    print(f"\nreal SGLang, single turn: {same}/{total} rows identical to the server's ids")
+    assert total >= 12 and same == total
+    log_text = "".join(p.read_text(errors="replace") for p in real_servers.server_logs())
+    assert _rejected(log_text[access_before:]) == 0 or _rejected(log_text) == 0
+    variants = Counter(r["sampling_variant"] for r in rows)
+    assert len(variants) == 2, variants  # thinking on and off both reached the trainer
+    generated = _manifests(run_dir, "generated")
+    assert sum(m["cut_short"] for m in generated) == 0  # no answer ended by the server's cap
+    assert sum(m["counts"]["completed"] for m in generated) == total
+    # Thinking on: the trained ids hold </think> as sampled where the model closed its block.
+    assert any(THINK_CLOSE in r["input_ids"] for r in rows)
+
+
+def test_whole_conversations_over_the_tool_and_agent_sources(
+        airflow_env, real_servers: RealDeployment, tmp_path: Path) -> None:  # noqa: F811
+    conf = _conf(real_servers, "real_turns", turns="all",
+                 sources=[{"name": n, "quota": 4} for n in
+                          ("hermes_fc", "hermes_glaive", "agentinstruct")])
+    proc, requests = _dags_test(airflow_env, real_servers, conf, tmp_path / "out")
+    _ok(proc)
+    run_dir = tmp_path / "out" / "real_turns"
+    rows = _rows(run_dir)
+    same, total = _wire_check(rows, requests)
+    print(f"\nreal SGLang, turns: all: {same}/{total} rows identical to the server's ids")
+    assert total >= 4 and same == total
+    tok = _manifests(run_dir, "tokenized")
+    assert sum(m["conversations"]["conversations"] for m in tok if "conversations" in m) >= 4
+
+
+def test_a_run_that_starts_its_own_servers_survives_one_killed_and_leaves_nothing(
+        airflow_env, real_servers: RealDeployment, tmp_path: Path) -> None:  # noqa: F811
+    """Last in the tier: the tier's servers are stopped, so this run's launcher starts both
+    (the gate waits through SGLang's real start-up); one is killed mid-shard; the run ends
+    with every prompt answered on the other, and its teardown leaves no SGLang process."""
+    from tests.fixtures.settings import run_settings
+
+    settings = run_settings(real_servers.run, **real_servers.deployment)
+    _stop_everything(settings, real_servers)
+    assert not server_pids()
+    conf = _conf(real_servers, "real_killed", shard_size=40,
+                 sources=[{"name": n, "quota": 10} for n in CATALOGUE[:4]])
+    killed: list[int] = []
+
+    def kill_one_when_busy() -> None:
+        try:
+            wait_ready(real_servers.urls[1:], real_servers.log_dir)
+        except BaseException:  # noqa: BLE001 - the run's own failure says more
+            return
+        log = real_servers.log_dir / f"server-{real_servers.urls[1].rsplit(':', 1)[1]}.log"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if log.read_text(errors="replace").count('"request.finished"') >= 5:
+                pid = int((log.with_suffix(".pid")).read_text().strip())
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_one_when_busy, daemon=True)
+    killer.start()
+    proc, requests = _dags_test(airflow_env, real_servers, conf, tmp_path / "out")
+    killer.join(timeout=5)
+    out = proc.stdout + proc.stderr
+    _ok(proc)
+    assert killed, "the second server never got busy enough to be killed"
+    assert re.search(r"server \S+ ejected", out), "the killed server was never ejected"
+    run_dir = tmp_path / "out" / "real_killed"
+    rows = _rows(run_dir)
+    same, total = _wire_check(rows, requests)
+    generated = _manifests(run_dir, "generated")
+    assert sum(m["counts"]["completed"] for m in generated) == total == same
+    assert not server_pids(), "stop_servers left SGLang processes"
+
+
+def _stop_everything(settings: Any, real: RealDeployment) -> None:
+    """Stop the tier's servers (release the tier's lease) so a run starts its own."""
+    from include.servers.launcher import launch_servers, stop_servers
+
+    report = launch_servers(settings, owner="tests/real_sglang")  # finds and leases them
+    stop_servers(report, settings)
+    deadline = time.monotonic() + 60
+    while server_pids() and time.monotonic() < deadline:
+        time.sleep(1)
