@@ -111,6 +111,18 @@ def _manifests(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / kind).glob("*.manifest.json"))]
 
 
+def _accounted(run_dir: Path, rows: int) -> None:
+    """Every prompt of the plan is a row, or counted: skipped, failed, dropped, quarantined."""
+    prompts = json.loads((run_dir / "prompts" / "manifest.json").read_text())
+    generated = _manifests(run_dir, "generated")
+    tokenized = _manifests(run_dir, "tokenized")
+    assert sum(sum(m["counts"].values()) for m in generated) == prompts["totals"]["kept"]
+    completed = sum(m["counts"]["completed"] for m in generated)
+    left_out = sum(sum(m["counts"]["dropped"].values()) + sum(m["counts"]["quarantined"].values())
+                   for m in tokenized)
+    assert completed == rows + left_out, (completed, rows, left_out)
+
+
 def test_single_turn_thinking_on_and_off_rows_are_what_the_real_server_sampled(
         airflow_env, real_servers: RealDeployment, tmp_path: Path) -> None:  # noqa: F811
     conf = _conf(real_servers, "real_single",
@@ -130,7 +142,7 @@ def test_single_turn_thinking_on_and_off_rows_are_what_the_real_server_sampled(
     assert len(variants) == 2, variants  # thinking on and off both reached the trainer
     generated = _manifests(run_dir, "generated")
     assert sum(m["cut_short"] for m in generated) == 0  # no answer ended by the server's cap
-    assert sum(m["counts"]["completed"] for m in generated) == total
+    _accounted(run_dir, total)
     # Thinking on: the trained ids hold </think> as sampled where the model closed its block.
     assert any(THINK_CLOSE in r["input_ids"] for r in rows)
 
@@ -191,8 +203,8 @@ def test_a_run_that_starts_its_own_servers_survives_one_killed_and_leaves_nothin
     run_dir = tmp_path / "out" / "real_killed"
     rows = _rows(run_dir)
     same, total = _wire_check(rows, requests)
-    generated = _manifests(run_dir, "generated")
-    assert sum(m["counts"]["completed"] for m in generated) == total == same
+    assert same == total
+    _accounted(run_dir, total)
     assert not server_pids(), "stop_servers left SGLang processes"
 
 
