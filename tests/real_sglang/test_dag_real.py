@@ -25,7 +25,6 @@ import pytest
 from tests.integration.conftest import airflow_env, dags_test, failure_excerpt  # noqa: F401
 from tests.real_sglang.conftest import (
     RealDeployment,
-    finished_requests,
     server_pids,
     wait_ready,
 )
@@ -47,19 +46,13 @@ def _conf(real: RealDeployment, run_name: str, **run: Any) -> dict[str, Any]:
 
 def _dags_test(env: dict[str, str], real: RealDeployment, conf: dict, out: Path,
                **deployment: Any) -> tuple[Any, list[dict[str, Any]]]:
-    """Run the DAG; return the process and the requests the servers logged during it."""
-    logs = real.server_logs()
-    before = {p: p.stat().st_size for p in logs}
+    """Run the DAG; return the process and the requests the servers logged during it.
+
+    Told apart by SGLang's request id, since a relaunch moves a server's log aside."""
+    before = {r["rid"] for r in real.finished_requests()}
     proc = dags_test(env, conf, deployment={**real.deployment, "output_root": str(out),
                                             **deployment})
-    fresh = []
-    for path in real.server_logs():
-        data = path.read_bytes()[before.get(path, 0):]
-        tmp = out.parent / f".{path.name}.{time.monotonic_ns()}"
-        tmp.write_bytes(data)
-        fresh += finished_requests([tmp])
-        tmp.unlink()
-    return proc, fresh
+    return proc, [r for r in real.finished_requests() if r["rid"] not in before]
 
 
 def _ok(proc: Any) -> None:
@@ -199,6 +192,8 @@ def test_a_run_that_starts_its_own_servers_survives_one_killed_and_leaves_nothin
     out = proc.stdout + proc.stderr
     _ok(proc)
     assert killed, "the second server never got busy enough to be killed"
+    # The gate met the servers loading (SGLang opens its port only once loaded) and waited.
+    assert re.search(r"server \S+ not ready \(.*\); deferring", out), "the gate never waited"
     assert re.search(r"server \S+ ejected", out), "the killed server was never ejected"
     run_dir = tmp_path / "out" / "real_killed"
     rows = _rows(run_dir)
