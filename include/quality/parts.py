@@ -1,10 +1,13 @@
 """A completion's text split into its thinking and its answer, and the options of the filters.
 
-Pure: plain records in, plain data out. The split follows the raw text the server returned
-(``separate_reasoning`` off): a think block opened by the model (``<think>``) or by the
-template's generation prompt (Qwen3's thinking prompt may end with ``<think>\\n``), closed at
-the first ``</think>``; the answer is what follows. With thinking off the template renders
-the empty think block itself, so the whole text is the answer.
+Pure: plain records in, plain data out. The split is the one SGLang 0.5.23's ``qwen3``
+reasoning parser makes of the raw text (``separate_reasoning`` off here, so the server's own
+split is not in the record; ``srt/parser/reasoning_parser.py``): with thinking on, the text is
+thinking from its first token (any leading ``<think>`` dropped), whether or not the model or
+the prompt wrote ``<think>``; it ends at the first ``</think>`` or, with none, at the first
+``<tool_call>`` (Qwen3's implicit close); with neither, all of it is thinking and the answer is
+empty, as the server counts it (``reasoning_tokens`` = ``completion_tokens``). With thinking
+off the template renders the empty think block itself, so the whole text is the answer.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+TOOL_OPEN = "<tool_call>"
 
 #: Every filter, in the order a record meets them (its first failure is its reason). Each
 #: name is also the quarantine reason and the value ``quality_filters_off`` accepts.
@@ -38,7 +42,6 @@ class QualityOptions:
 
     off: frozenset[str] = frozenset()
     enable_thinking: bool = True
-    prompt_opens_thinking: bool = False
     check_truncated: bool = False
     # degenerate_repetition: a tail that is one span repeated ...
     tail_min_repeats: int = 6
@@ -74,9 +77,9 @@ class Parts:
     finish_reason: str
     text: str
     thinking: bool  # the request asked for thinking
-    opened: bool  # a think block was opened (by the model or by the prompt)
-    closed: bool  # ... and closed
-    answer: str  # what follows the think block (all of the text with no block)
+    opened: bool  # the text starts inside a think block (thinking on)
+    closed: bool  # ... which ended: at `</think>`, or at a `<tool_call>` with no `</think>`
+    answer: str  # what follows the think block (all of the text with thinking off)
     prompt_key: str  # the prompt's user turns, white space folded (tells prompts apart)
 
 
@@ -98,9 +101,15 @@ def parts_of(record: Mapping[str, Any], options: QualityOptions) -> Parts | None
     thinking = (options.enable_thinking if requested is None else requested) is not False
     if not thinking and (THINK_OPEN in text or THINK_CLOSE in text):
         return None
-    opened = thinking and (options.prompt_opens_thinking or THINK_OPEN in text)
-    closed = opened and THINK_CLOSE in text
-    answer = text.split(THINK_CLOSE, 1)[1] if closed else ("" if opened else text)
+    opened, closed, answer = thinking, False, text
+    if thinking:
+        cut = text.find(THINK_CLOSE)
+        if cut >= 0:
+            closed, answer = True, text[cut + len(THINK_CLOSE):]
+        elif (cut := text.find(TOOL_OPEN)) >= 0:
+            closed, answer = True, text[cut:]
+        else:
+            answer = ""
     return Parts(str(record.get("id", "")), str(finish), text, thinking, opened, closed,
                  answer, _prompt_key(record.get("messages")))
 

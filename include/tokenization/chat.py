@@ -37,7 +37,6 @@ class ChatTokenizer:
         self.stop_ids = frozenset(vocab[t] for t in STOP_TOKENS if t in vocab)
         self.think_close_id: int | None = vocab.get(THINK_CLOSE)
         self._empty_think: str | None = None
-        self._prompt_opens: bool | None = None
 
     def render_prompt(self, messages: list[dict[str, Any]], enable_thinking: bool) -> str:
         """Return the prompt exactly as the server renders it (generation prompt appended)."""
@@ -48,17 +47,6 @@ class ChatTokenizer:
     def opens_thinking(self, prompt: str) -> bool:
         """Return whether the template's generation prompt already opened the think block."""
         return prompt.endswith(THINK_OPEN + "\n")
-
-    def thinking_prompt_opens_think(self) -> bool:
-        """Return whether the template's thinking-on generation prompt opens ``<think>``
-        itself (then the model's text starts inside its thinking, with no ``<think>``)."""
-        if self._prompt_opens is None:
-            try:
-                prompt = self.render_prompt([{"role": "user", "content": "U"}], True)
-            except Exception:  # a template that cannot render this: the records will say
-                prompt = ""
-            self._prompt_opens = self.opens_thinking(prompt)
-        return self._prompt_opens
 
     def empty_think_closing(self) -> str:
         """Return what the template renders after the thinking prompt, up to ``</think>``,

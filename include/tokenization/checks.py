@@ -114,7 +114,6 @@ def _tokenize(
         kept, filtered = filter_records(records, QualityOptions(
             off=options.quality_filters_off,
             enable_thinking=options.enable_thinking,
-            prompt_opens_thinking=chat.thinking_prompt_opens_think(),
             # Cut completions are judged only when they will be trained on; otherwise the
             # ``truncated_completion`` drop already keeps them out, counted as such.
             check_truncated=options.keep_truncated_completions,

@@ -335,3 +335,27 @@ def test_metrics_carry_every_series_the_pool_reads_labelled_by_model(server: Ser
 def test_a_model_name_with_a_colon_addresses_an_adapter_and_is_refused(server: Server) -> None:
     status, error = server.chat(model=SERVED_NAME + ":adapter", max_tokens=1)
     assert status == 400, error
+
+
+# --- the quality rules read a thinking answer as the server splits it ---------------------
+
+@pytest.mark.parametrize("case", ["no_close", "close_first", "tool_call_unclosed"])
+def test_the_quality_rules_split_a_thinking_answer_as_the_server_does(
+        server: Server, tokenizer: Any, case: str) -> None:
+    from include.quality.parts import QualityOptions, parts_of
+
+    body: dict[str, Any] = {
+        "no_close": {"max_tokens": 6, "logit_bias": {str(THINK_CLOSE): -100}},
+        "close_first": {"max_tokens": 3, "logit_bias": {str(THINK_CLOSE): 100}},
+        "tool_call_unclosed": {"max_tokens": 200, "regex": CALL_REGEX},
+    }[case]
+    answer = server.ok_chat(return_token_ids=True, skip_special_tokens=False, **body)
+    choice = answer["choices"][0]
+    ids = choice["response_token_ids"]
+    text = tokenizer.decode(ids[:-1] if choice["matched_stop"] == IM_END else ids,
+                            skip_special_tokens=False)
+    parts = parts_of({"id": "x", "text": text, "finish_reason": "stop",
+                      "sampling": {"enable_thinking": True}}, QualityOptions())
+    assert parts is not None
+    assert parts.answer == (choice["message"]["content"] or ""), (case, text)
+    assert parts.closed == (case != "no_close")

@@ -92,14 +92,16 @@ def test_tail_loop_reports_the_shortest_period_and_what_it_covers() -> None:
 # --- unclosed_think, empty_answer -----------------------------------------------------------
 
 def test_a_finished_turn_inside_its_thinking_is_unclosed() -> None:
+    # As SGLang's qwen3 parser reads a thinking answer (the real server, tests/real_sglang):
+    # thinking from the first token, <think> written or not; closed by </think> or, with none,
+    # by a <tool_call>; with neither, all of it is thinking (reasoning_tokens = all).
     records = [rec("<think>\nStill thinking about it", 0),
-               rec("Thinking opened by the prompt, never closed", 1),
-               rec(thought("Paris."), 2)]
-    assert reasons(records) == {"src:default:0": "unclosed_think"}
-    # With a template whose thinking prompt opens <think>, the text starts inside it.
-    opened = reasons([rec("Still thinking", 1), rec("Done.\n</think>\n\nParis.", 2)],
-                     prompt_opens_thinking=True)
-    assert opened == {"src:default:1": "unclosed_think"}
+               rec("No tag at all, never closed", 1),
+               rec(thought("Paris."), 2),
+               rec("Done.\n</think>\n\nParis.", 3),
+               rec('Let me look.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', 4)]
+    assert reasons(records) == {"src:default:0": "unclosed_think",
+                                "src:default:1": "unclosed_think"}
 
 
 def test_a_cut_thought_is_left_to_the_truncation_setting() -> None:
