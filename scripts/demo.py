@@ -71,6 +71,9 @@ def main() -> int:
                         help="the first stand-in's port (the others follow it)")
     parser.add_argument("--ssh-conn-id", default=None,
                         help="launch the stand-ins through this Airflow SSH connection")
+    parser.add_argument("--real", action="store_true",
+                        help="two real SGLang 0.5.23 servers on this CPU instead of stand-ins "
+                        "(./dev real-demo; scripts/sglang_env.py)")
     args = parser.parse_args()
     started = time.monotonic()
     print("==> the demo's S3 endpoint (moto) and its tokenizer (var/demo/tokenizer)", flush=True)
@@ -118,12 +121,6 @@ def main() -> int:
                               "--standin-noncanonical-rate", "0.002",
                               "--standin-sampled-log-dir", str(work / "sampled")],
     }
-    for name, value in deployment.items():
-        env[f"REGEN_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    # `airflow dags test` runs one task at a time: a staggered start (shards in flight waiting
-    # on each other's progress) would only add waits, and show as idle servers in the plot.
-    env["REGEN_MAX_ACTIVE_SHARDS"] = "1"
     # ... and what a person who triggers a run chooses (the trigger form's fields).
     conf = {
         "run_name": args.run_name,
@@ -139,6 +136,13 @@ def main() -> int:
         "sources": [{"name": name, **({"turns": "all"} if name == WHOLE_CONVERSATIONS else {})}
                     for name in bundled_catalogue()],
     }
+    conf = _real_server_settings(deployment, conf, work) if args.real else conf
+    for name, value in deployment.items():
+        env[f"REGEN_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # `airflow dags test` runs one task at a time: a staggered start (shards in flight waiting
+    # on each other's progress) would only add waits, and show as idle servers in the plot.
+    env["REGEN_MAX_ACTIVE_SHARDS"] = "1"
     try:
         log = work / "db-migrate.log"
         print(f"==> airflow db migrate (AIRFLOW_HOME={env.get('AIRFLOW_HOME')}; log: {log})",
@@ -194,7 +198,7 @@ def _summary(mirror: Path, returncode: int, untouched: bool, work: Path) -> None
         print(f"  {g['shard_id']}: {c['completed']} completed ({g['truncated']} cut by "
               f"max_tokens), {c['skipped']} skipped, {c['failed']} failed -> {tokens}")
     _conversation_summary(mirror)
-    _token_summary(mirror, work / "sampled")
+    _token_summary(mirror, _sampled(work))
     for report in sorted((mirror / "report").glob("*/report.html")):
         print(f"report:           {report}")
     print("open the UI:      ./dev ui   (then http://127.0.0.1:8080, DAG "
@@ -239,17 +243,55 @@ def _masked_runs(mask: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _token_summary(mirror: Path, sampled_dir: Path) -> None:
-    """Print how the rows compare with what the stand-in servers sampled (their own log).
+def _sampled(work: Path) -> dict:
+    """Return prompt ids -> sampled ids, as the servers themselves logged them."""
+    from scripts.sglang_env import finished_requests, served_ids
+    from sglang_standin.testing import read_sampled_log
+
+    sampled = read_sampled_log(work / "sampled")
+    for ids, answers in served_ids(finished_requests(
+            sorted((work / "server-logs").glob("server-*.log*")))).items():
+        sampled.setdefault(ids, []).extend(answers)
+    return sampled
+
+
+def _real_server_settings(deployment: dict, conf: dict, work: Path) -> dict:
+    """Point the demo at two real SGLang 0.5.23 servers on this CPU; return its run settings.
+
+    The deployment a CPU host would have: the released server from ``.venv-sglang``, the
+    tiny Qwen3 of ``scripts/tiny_qwen3.py``, the flags that serve on a CPU, the servers' own
+    request logs on (the summary checks the rows against them). 512 tokens of context, as
+    small as the machine needs; ``max_tokens`` equal to it, as in the incident it guards.
+    """
+    from include.settings.deployment import bundled_catalogue
+    from scripts import sglang_env
+
+    print("==> the real SGLang 0.5.23 (.venv-sglang and the tiny Qwen3: the first build "
+          "downloads ~9.6 GiB and installs ~9.5 GiB, 3-4 min; then each server takes 2-4 min to "
+          "start on a CPU, ~3.8 GB of memory)", flush=True)
+    model = sglang_env.build()
+    shutil.rmtree(work / "server-logs", ignore_errors=True)  # this run's request logs only
+    deployment.update(
+        allowed_models=[str(model)],
+        data_roots=[str(ROOT / "include" / "sample_data"), str(model)],
+        gpu_hosts=[{**deployment["gpu_hosts"][0], "gpus": [0, 1]}],
+        server_launch_command=sglang_env.launch_command(),
+        extra_server_args=[*sglang_env.CPU_SERVER_ARGS, *sglang_env.REQUEST_LOG_ARGS])
+    return {**conf, "model_path": str(model), "served_model_name": "Qwen/Qwen3-8B",
+            "context_length": sglang_env.CONTEXT_LENGTH, "max_tokens": sglang_env.CONTEXT_LENGTH,
+            "min_completion_tokens": 64, "shard_size": 12, "launch_timeout_s": 900,
+            "sampling_variants": {"enable_thinking": [True, False]},
+            "sources": [{"name": n, "quota": 3} for n in bundled_catalogue()]}
+
+
+def _token_summary(mirror: Path, sampled: dict) -> None:
+    """Print how the rows compare with what the servers sampled (their own logs).
 
     A row is exact when each trained span (one per target turn; several in a
     whole-conversation row) is what a server sampled after exactly the ids before it.
     """
     import pyarrow.parquet as pq
 
-    from sglang_standin.testing import read_sampled_log
-
-    sampled = read_sampled_log(sampled_dir)
     rows = exact = differs = 0
     for path in sorted((mirror / "tokenized").glob("*.parquet")):
         table = pq.read_table(path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import json
 import shlex
 import shutil
 import subprocess
@@ -43,6 +44,11 @@ CPU_SERVER_ARGS = (
     "--max-total-tokens", "32768", "--max-running-requests", "32",
     "--tool-call-parser", "qwen", "--enable-metrics",
 )  # fmt: skip
+#: SGLang's own request log, on: each server records every request's prompt ids and sampled
+#: ids in its log (``--log-requests-level 3``: whole; JSON, one line a request), so what a run
+#: trained on can be checked against what the server did, not against the client's copy.
+REQUEST_LOG_ARGS = ("--log-requests", "--log-requests-level", "3",
+                    "--log-requests-format", "json")
 
 
 class SglangEnvError(RuntimeError):
@@ -82,6 +88,31 @@ def model_dir(seed: int = 0) -> Path:
     # The builder's version in the name: a server still serving an older build is never
     # taken for one serving this build (the launcher reuses servers by path and name).
     return MODELS / f"tiny-qwen3-v{BUILDER_VERSION}-s{seed}-c{CONTEXT_LENGTH}"
+
+
+def finished_requests(logs: list[Path]) -> list[dict]:
+    """Return the ``request.finished`` records of SGLang's JSON request log in server logs."""
+    records = []
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            start = line.find('{"timestamp"')
+            if start >= 0 and '"request.finished"' in line:
+                record = json.loads(line[start:])
+                if record.get("event") == "request.finished":
+                    records.append(record)
+    return records
+
+
+def served_ids(records: list[dict]) -> dict[tuple[int, ...], list[list[int]]]:
+    """Return prompt ids -> the ids sampled after them, from ``finished_requests``."""
+    out: dict[tuple[int, ...], list[list[int]]] = {}
+    for record in records:
+        prompt, sampled = record["obj"].get("input_ids"), record["out"].get("output_ids")
+        if isinstance(sampled, str):  # the log writes long lists as their text
+            sampled = json.loads(sampled)
+        if prompt:
+            out.setdefault(tuple(prompt), []).append(list(sampled))
+    return out
 
 
 def _run(cmd: list[str], what: str) -> str:

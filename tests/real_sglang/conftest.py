@@ -36,9 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "Qwen/Qwen3-8B"
 TIER_OWNER = "tests/real_sglang"
 GPUS = (0, 1)
-#: The request log, on: each server records every request's ids in its own log.
-REQUEST_LOG_ARGS = ("--log-requests", "--log-requests-level", "3",
-                    "--log-requests-format", "json")
 #: ``REAL_SGLANG_KEEP=1`` (development): the servers live in var/real-sglang/servers on fixed
 #: ports and are left running after the tier, so the next run's launcher finds and reuses them
 #: (as it reuses any server serving the run's model) instead of waiting minutes for a start-up.
@@ -82,21 +79,7 @@ class RealDeployment:
 
     def finished_requests(self) -> list[dict[str, Any]]:
         """Return every ``request.finished`` record the servers logged (their own ids)."""
-        return finished_requests(self.server_logs())
-
-
-def finished_requests(logs: list[Path]) -> list[dict[str, Any]]:
-    """Parse SGLang's JSON request log lines (``[time] {"event": ...}``) out of server logs."""
-    records = []
-    for log in logs:
-        for line in log.read_text(errors="replace").splitlines():
-            start = line.find('{"timestamp"')
-            if start < 0 or '"request.finished"' not in line:
-                continue
-            record = json.loads(line[start:])
-            if record.get("event") == "request.finished":
-                records.append(record)
-    return records
+        return sglang_env.finished_requests(self.server_logs())
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +96,7 @@ def real_deployment(real_model: Path, sshd: SshdServer,  # noqa: F811
         "gpu_hosts": [{"host": "127.0.0.1", "ssh_conn_id": sshd.conn_id, "gpus": list(GPUS)}],
         "port_base": base,
         "server_launch_command": sglang_env.launch_command(),
-        "extra_server_args": [*sglang_env.CPU_SERVER_ARGS, *REQUEST_LOG_ARGS],
+        "extra_server_args": [*sglang_env.CPU_SERVER_ARGS, *sglang_env.REQUEST_LOG_ARGS],
         "server_log_dir": str(log_dir),
     }
     run = {

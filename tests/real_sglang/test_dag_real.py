@@ -22,12 +22,9 @@ from typing import Any
 
 import pytest
 
+from scripts.sglang_env import served_ids
 from tests.integration.conftest import airflow_env, dags_test, failure_excerpt  # noqa: F401
-from tests.real_sglang.conftest import (
-    RealDeployment,
-    server_pids,
-    wait_ready,
-)
+from tests.real_sglang.conftest import RealDeployment, server_pids, wait_ready
 
 pytestmark = pytest.mark.real_sglang
 THINK_CLOSE = 151668
@@ -83,15 +80,12 @@ def _spans(mask: list[int]) -> list[tuple[int, int]]:
 def _wire_check(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> tuple[int, int]:
     """Return (rows whose every trained span is what a server sampled after exactly that
     prompt, rows): a span [a, b) must be some logged request's output ids, sent after ids[:a]."""
-    served = {(tuple(r["obj"]["input_ids"]), tuple(json.loads(r["out"]["output_ids"])
-                                                    if isinstance(r["out"]["output_ids"], str)
-                                                    else r["out"]["output_ids"]))
-              for r in requests if r["obj"].get("input_ids")}
+    served = served_ids(requests)
     same = 0
     for row in rows:
         ids = row["input_ids"]
         spans = _spans(row["loss_mask"])
-        if spans and all((tuple(ids[:a]), tuple(ids[a:b])) in served for a, b in spans):
+        if spans and all(ids[a:b] in served.get(tuple(ids[:a]), []) for a, b in spans):
             same += 1
     return same, len(rows)
 
