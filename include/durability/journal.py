@@ -38,6 +38,7 @@ import msgspec
 from include.durability.fencing import list_vouched
 from include.engine.client import RETRYABLE
 from include.engine.outcome import PromptStatus
+from include.jsonl import escape_break_bytes
 from include.layout import compacted_keys, segment_key
 from include.storage import Store, sha256_hex, write_verified
 
@@ -74,7 +75,7 @@ def _encode(record: dict[str, Any]) -> bytes:
     # msgspec writes the JSON json.dumps(ensure_ascii=False, separators=(",", ":")) does (a
     # float's exponent aside, the same value) in a tenth of the time: a completion record is
     # mostly the server's token ids, and this ran once per request (bench_client_overhead).
-    return msgspec.json.encode(record) + b"\n"
+    return escape_break_bytes(msgspec.json.encode(record)) + b"\n"
 
 
 def is_final(record: dict[str, Any]) -> bool:

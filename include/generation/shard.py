@@ -32,6 +32,7 @@ from include.engine.config import EngineConfig
 from include.engine.dispatch import run_shard
 from include.engine.outcome import PromptStatus, check_accounting
 from include.engine.startup import PromptCounter
+from include.jsonl import escape_breaks
 from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
 from include.prompts import read_shard_by_id
 from include.reporting.facts import encode_facts
@@ -282,7 +283,8 @@ def build_shard_output(
             cut_short += _cut_short(rec)
             full = {**rec, "messages": prompt["messages"], "metadata": prompt.get("metadata", {}),
                     "source": prompt.get("source", rec.get("source"))}
-            lines.append(json.dumps(full, ensure_ascii=False, sort_keys=True) + "\n")
+            lines.append(escape_breaks(json.dumps(full, ensure_ascii=False, sort_keys=True))
+                         + "\n")
         else:
             entry = {"id": pid, "reason": rec.get("reason"), "detail": rec.get("detail", "")}
             (skipped if rec["status"] == PromptStatus.SKIPPED else failed).append(entry)

@@ -18,7 +18,13 @@ from include.prompts.encoding import encode_string, encode_value
 from include.prompts.readers import RowBatch
 from include.prompts.rows import SourceState, row_id
 from include.prompts.schemas import ROLE_NAMES, Kind, MalformedRow
-from include.prompts.turns import EMPTY_DETAIL, INVALID_UNICODE_DETAIL, _fold
+from include.prompts.turns import (
+    EMPTY_DETAIL,
+    EMPTY_TURN_DETAIL,
+    INVALID_UNICODE_DETAIL,
+    _fold,
+    blank,
+)
 from include.settings import SourceSettings
 
 
@@ -121,7 +127,7 @@ def read_flat_columns(state: SourceState, batch: RowBatch) -> tuple[list[bytes],
             drop = flat_prompts(kind, [text])[0]
             funnel.drop(drop.reason, rid, drop.detail)
             continue
-        if not text.strip():
+        if blank(text):
             funnel.drop("empty", rid, EMPTY_DETAIL)
             continue
         if not text.isascii() and not encodable(text):
@@ -201,6 +207,7 @@ class Drop:
 
 
 EMPTY = Drop("empty", EMPTY_DETAIL)
+EMPTY_TURN = Drop("empty", EMPTY_TURN_DETAIL)
 INVALID_UNICODE = Drop("malformed", INVALID_UNICODE_DETAIL)
 
 
@@ -221,7 +228,7 @@ def flat_prompts(kind: Kind, texts: list[Any]) -> list[Any]:
                 out.append(Drop("malformed", str(exc)))
                 continue
             raise AssertionError(f"kind {kind.name} took non-text {text!r} as a prompt")
-        if not text.strip():
+        if blank(text):
             out.append(EMPTY)
         elif not text.isascii() and not encodable(text):
             out.append(INVALID_UNICODE)
@@ -291,8 +298,10 @@ def turn_list_prompts(
             out.append(drop)
             continue
         kept = [(mapped[i], contents[lo + i]) for i in drop]
-        if not kept[-1][1].strip() or all(not c.strip() for _, c in kept):
+        if blank(kept[-1][1]) or all(blank(c) for _, c in kept):
             out.append(EMPTY)
+        elif any(r == "user" and blank(c) for r, c in kept):
+            out.append(EMPTY_TURN)
         elif not all(c.isascii() or encodable(c) for _, c in kept):
             out.append(INVALID_UNICODE)
         else:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from include.jsonl import escape_breaks
+
 # One encoder made once; records come from parsed data, so they cannot be circular.
 _ENCODER = json.JSONEncoder(
     ensure_ascii=False,
@@ -25,14 +27,15 @@ def encode_record(record: dict[str, Any]) -> bytes:
     """Return the one canonical JSON line for a record (sorted keys: byte-stable output).
 
     The same bytes as ``json.dumps(record, ensure_ascii=False, sort_keys=True,
-    separators=(",", ":"), default=str) + "\\n"`` in UTF-8.
+    separators=(",", ":"), default=str) + "\\n"`` in UTF-8, line breaks other than ``\\n``
+    escaped (``include.jsonl``).
     """
-    return (_ENCODER.encode(record) + "\n").encode("utf-8")
+    return (escape_breaks(_ENCODER.encode(record)) + "\n").encode("utf-8")
 
 
 def encode_value(value: Any) -> str:
     """Return ``value`` as encode_record writes it (any JSON value, not only records)."""
-    return _ENCODER.encode(value)
+    return escape_breaks(_ENCODER.encode(value))
 
 
 def encode_string(text: str) -> str:
@@ -41,4 +44,4 @@ def encode_string(text: str) -> str:
     # non-printable); checking for those in C is cheaper than escaping a long prompt.
     if text.isprintable() and '"' not in text and "\\" not in text:
         return '"' + text + '"'
-    return _ENCODER.encode(text)
+    return escape_breaks(_ENCODER.encode(text))

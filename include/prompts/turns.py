@@ -19,7 +19,9 @@ POLICIES = ("first_user", "until_first_trained_assistant", "until_last_user")
 #: turns included (the engine regenerates each and pairs tool results with their calls).
 WHOLE = "whole_conversation"
 #: Drop details shared with the prepare stage's column-wise path for flat layouts.
-EMPTY_DETAIL = "the last prompt turn is empty or whitespace"
+EMPTY_DETAIL = "the last prompt turn is empty, white space or invisible characters"
+#: A user turn inside a conversation that shows nothing (sent, it asks the target nothing).
+EMPTY_TURN_DETAIL = "a user turn is empty, white space or invisible characters"
 INVALID_UNICODE_DETAIL = "text holds invalid unicode (lone surrogates)"
 
 
@@ -81,8 +83,10 @@ def _many_turns(turns: Sequence[RawTurn], policy: str) -> list[Message]:
         raise ValueError(f"unknown multi_turn policy {policy!r}")
 
     messages = [{"role": r, "content": t.content} for r, t in kept]
-    if not messages[-1]["content"].strip() or all(not m["content"].strip() for m in messages):
+    if blank(messages[-1]["content"]) or all(blank(m["content"]) for m in messages):
         raise DropRow("empty", EMPTY_DETAIL)
+    if any(m["role"] == "user" and blank(m["content"]) for m in messages):
+        raise DropRow("empty", EMPTY_TURN_DETAIL)
     for m in messages:
         _check_encodable(m["content"])
     return messages
@@ -100,7 +104,7 @@ def _one_turn(turn: RawTurn, policy: str) -> list[Message]:
     if policy not in (*POLICIES, WHOLE):
         raise ValueError(f"unknown multi_turn policy {policy!r}")
     content = turn.content
-    if not content.strip():
+    if blank(content):
         raise DropRow("empty", EMPTY_DETAIL)
     _check_encodable(content)
     return [{"role": "user", "content": content}]
@@ -118,6 +122,20 @@ def _check_encodable(text: str) -> None:
 _SPACE = re.compile(r"\s+")
 _INVISIBLE_CHARS = "\u200b\u200c\u200d\u2060\ufeff"
 _INVISIBLE = dict.fromkeys(map(ord, _INVISIBLE_CHARS))
+#: Letters and symbols that render as nothing (fillers, the blank braille cell).
+_BLANK_GLYPHS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def blank(text: str) -> bool:
+    """Return whether ``text`` shows nothing: white space, format characters (U+200B, U+200D,
+    U+2060, U+FEFF, soft hyphen...; Unicode category Cf) and blank fillers only."""
+    stripped = text.strip()
+    if not stripped:
+        return True
+    if stripped.isascii():
+        return False
+    return all(ch.isspace() or ch in _BLANK_GLYPHS or unicodedata.category(ch) == "Cf"
+               for ch in stripped)
 
 
 def _fold(text: str) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from include.jsonl import escape_breaks
 from include.quality import QUALITY_FILTERS
 from include.tokenization.provenance import PROVENANCE_COLUMNS, provenance_object
 
@@ -202,11 +203,11 @@ class TokenizeResult:
         changes. The exact rows are the parquet and ``pretokenized/``.
         """
         lines = [
-            json.dumps(
+            escape_breaks(json.dumps(
                 {"id": s.id, "conversations": s.conversation,
                  "provenance": provenance_object(row)},
                 ensure_ascii=False, sort_keys=True,
-            )
+            ))
             for s, row in zip(self.samples, self.provenance_rows(), strict=True)
         ]
         return ("\n".join(lines) + "\n").encode() if lines else b""

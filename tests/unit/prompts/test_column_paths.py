@@ -285,7 +285,10 @@ def _no_counter(conversations: Any) -> list[int]:
 
 
 def test_flat_columns_key_and_line_equal_the_row_path(make_settings, tmp_path) -> None:
-    texts = [t for t in _AWKWARD if t.strip()] + ["same", "same", "x" * 5000]
+    from include.prompts.turns import blank
+
+    # Only the texts a prompt may be: invisible-only ones are dropped as empty on both paths.
+    texts = [t for t in _AWKWARD if not blank(t)] + ["same", "same", "x" * 5000]
     langs = [[None, "py"][i % 2] for i in range(len(texts))]
     table = pa.table(
         {"query": ["cut", *texts], "resource": ["r"] * (len(texts) + 1), "lang": [None, *langs]}
@@ -317,8 +320,10 @@ def test_only_the_ascii_space_is_printable_among_what_fold_deletes_or_folds() ->
 
 
 def test_encode_string_equals_json_dumps_on_every_code_point() -> None:
-    def escape(text: str) -> str:
-        return json.dumps(text, ensure_ascii=False)
+    from include.jsonl import escape_breaks
+
+    def escape(text: str) -> str:  # json's bytes, the line breaks it leaves raw escaped
+        return escape_breaks(json.dumps(text, ensure_ascii=False))
 
     for c in range(sys.maxunicode + 1):
         text = f'a{chr(c)}b "{chr(c)}'
@@ -415,3 +420,22 @@ def test_the_worker_logs_through_the_callers_loggers(caplog) -> None:
         assert list(map_in_order(4, _log_pid, parallel=True)) == [0, 1, 2, 3]
     pids = {int(r.getMessage().rsplit(" ", 1)[1]) for r in caplog.records}
     assert len(caplog.records) == 4 and os.getpid() in pids and len(pids) == 2
+
+
+@pytest.mark.parametrize("text", ["\u200b", " \u200d\u2060 ", "\ufeff\n", "\u00ad", "\u3164",
+                                  "\u2800 \u200b"])
+def test_a_prompt_of_invisible_characters_only_is_empty(text: str) -> None:
+    from include.prompts.schemas import RawTurn
+    from include.prompts.turns import EMPTY_TURN_DETAIL, DropRow, blank, to_messages
+
+    assert blank(text)
+    with pytest.raises(DropRow) as one:
+        to_messages([RawTurn("user", text)], "first_user")
+    assert one.value.reason == "empty"
+    # Under turns: all, an invisible user turn inside the conversation drops it too.
+    turns = [RawTurn("user", "Hi"), RawTurn("assistant", "Hello"), RawTurn("user", text),
+             RawTurn("assistant", "?"), RawTurn("user", "Bye")]
+    with pytest.raises(DropRow) as whole:
+        to_messages(turns, "whole_conversation")
+    assert (whole.value.reason, whole.value.detail) == ("empty", EMPTY_TURN_DETAIL)
+    assert not blank("a\u200b") and not blank("\u200bé")

@@ -79,9 +79,12 @@ def test_fold_agrees_on_every_code_point_between_words() -> None:
     ],
 )
 def test_encode_record_equals_json_dumps(record: dict) -> None:
-    expected = json.dumps(
+    from include.jsonl import escape_breaks
+
+    # json.dumps's bytes, with the line breaks it leaves raw escaped (include/jsonl.py).
+    expected = escape_breaks(json.dumps(
         record, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str
-    )
+    ))
     assert encode_record(record) == (expected + "\n").encode("utf-8")
 
 

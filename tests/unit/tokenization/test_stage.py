@@ -489,3 +489,32 @@ def test_text_path_counts_what_re_tokenizing_the_conversations_would_change(
     assert tp == {"rows": 3, "end_of_turn_newline": 2,
                   "retokenized_text_differs": result.retokenized_text_differs,
                   "without_system": 1, "with_dataset_turns": 1, "dataset_turns": 1}
+
+
+BREAKS = "one\u2028two\u2029three\x85four"
+
+
+def test_every_jsonl_the_run_writes_splits_right_with_splitlines(hf_tokenizer: Any,
+                                                                  chat: ChatTokenizer) -> None:
+    """U+2028, U+2029 and NEL are valid raw in JSON, but ``str.splitlines()`` breaks a line
+    there: every JSONL writer escapes them, and the record reads back the same."""
+    from include.durability.journal import _encode
+    from include.generation.shard import build_shard_output
+    from include.prompts.encoding import encode_record
+
+    messages = [{"role": "user", "content": f"Say {BREAKS}."}]
+    recs = [record(hf_tokenizer, i, messages=messages, content=f"Answer {BREAKS}")
+            for i in range(3)]
+    prompt_lines = b"".join(encode_record({"id": r["id"], "messages": messages}) for r in recs)
+    journal_lines = b"".join(_encode(r) for r in recs)
+    prompts = [{"id": r["id"], "messages": messages, "source": r["source"]} for r in recs]
+    generated, _ = build_shard_output("shard-00000", prompts, {r["id"]: r for r in recs})
+    result = tokenize_completions(chat, recs)
+    assert len(result.samples) == 3
+    files = {"prompts": prompt_lines, "journal": journal_lines, "generated": generated,
+             "conversations": result.conversations_jsonl()}
+    for name, data in files.items():
+        lines = data.decode().splitlines()
+        assert len(lines) == 3, name
+        read = [json.loads(line) for line in lines]
+        assert all(BREAKS in json.dumps(r, ensure_ascii=False) for r in read), name
