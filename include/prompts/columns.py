@@ -87,17 +87,10 @@ def read_columns(
                 ['{"content":' + encode_string(c) + ',"role":"' + r + '"}' for r, c in turns]
             )
         keys.append(_blake2b(text.encode("utf-8"), digest_size=16).digest())
-        lines.append(
-            (
-                '{"id":'
-                + encode_string(rid)
-                + ',"messages":['
-                + messages
-                + '],"metadata":'
-                + meta.json[offset]
-                + tail
-            ).encode("utf-8")
-        )
+        # Arrow holds valid UTF-8 only: no id or metadata value here can hold a lone surrogate
+        # (rows parsed from JSON can: rows.read_rows checks them).
+        lines.append(('{"id":' + encode_string(rid) + ',"messages":[' + messages
+                      + '],"metadata":' + meta.json[offset] + tail).encode("utf-8"))
     return keys, lines
 
 
@@ -143,17 +136,10 @@ def read_flat_columns(state: SourceState, batch: RowBatch) -> tuple[list[bytes],
         keys.append(
             _blake2b(("user\x1f" + _fold(text)).encode("utf-8"), digest_size=16).digest()
         )
-        lines.append(
-            (
-                '{"id":'
-                + encode_string(rid)
-                + head
-                + encode_string(text)
-                + ',"role":"user"}],"metadata":'
-                + metadata[offset]
-                + tail
-            ).encode("utf-8")
-        )
+        lines.append((
+            '{"id":' + encode_string(rid) + head + encode_string(text)
+            + ',"role":"user"}],"metadata":' + metadata[offset] + tail
+        ).encode("utf-8"))
     return keys, lines
 
 

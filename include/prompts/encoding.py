@@ -45,3 +45,32 @@ def encode_string(text: str) -> str:
     if text.isprintable() and '"' not in text and "\\" not in text:
         return '"' + text + '"'
     return escape_breaks(_ENCODER.encode(text))
+
+
+def _utf8_line(line: str) -> bytes | None:
+    try:
+        return line.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+
+
+def printable_id(text: str) -> str:
+    """Return ``text`` with lone surrogates written as escapes, safe to report and store."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def invalid_field(rid: str, metadata: dict[str, Any] | None = None) -> str:
+    """Return the drop detail of a row whose id or a metadata column holds invalid unicode.
+
+    Message text is checked before (``INVALID_UNICODE_DETAIL``); a row parsed from JSON may
+    still hold a lone surrogate (``"\\ud800"``) in its id or a metadata column.
+    """
+    where = "a metadata column"
+    if _utf8_line(rid) is None:
+        where = "the row id"
+    else:
+        for key, value in sorted((metadata or {}).items()):
+            if _utf8_line(_ENCODER.encode(value)) is None or _utf8_line(str(key)) is None:
+                where = f"metadata column {printable_id(str(key))!r}"
+                break
+    return f"{where} holds invalid unicode (lone surrogates)"

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from include.prompts.encoding import printable_id
 from include.prompts.errors import PrepareError
 from include.settings import PREPARATION_SETTINGS, RunSettings
 
@@ -46,7 +47,9 @@ class SourceFunnel:
         self.dropped[reason] += 1
         bucket = self.samples.setdefault(reason, [])
         if len(bucket) < SAMPLE_IDS_PER_REASON:
-            bucket.append(f"{row_id} ({detail})" if detail else row_id)
+            # A row id may hold a lone surrogate (hostile data): the manifest must stay text.
+            sample = f"{row_id} ({detail})" if detail else row_id
+            bucket.append(printable_id(sample))
 
     def check(self) -> None:
         total = self.kept + sum(self.dropped.values())

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from include.prompts.encoding import encode_record
+from include.prompts.encoding import encode_record, invalid_field
 from include.prompts.funnel import SourceFunnel
 from include.prompts.readers import MALFORMED_KEY, RowBatch
 from include.prompts.schemas import Kind, MalformedRow
@@ -136,10 +136,15 @@ def read_rows(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[by
     for (rid, messages, meta), length in zip(pending, lengths, strict=True):
         if not state.length_ok(rid, length):
             continue
-        keys.append(dedupe_key(messages))
         record = {"id": rid, "source": source.name, "messages": messages, "metadata": meta}
         if state.whole:
             record["turns"] = "all"
             record["call_format"] = state.call_format
-        lines.append(encode_record(record))
+        try:
+            line = encode_record(record)
+        except UnicodeEncodeError:  # the text was checked: an id or a metadata value
+            state.funnel.drop("malformed", rid, invalid_field(rid, meta))
+            continue
+        keys.append(dedupe_key(messages))
+        lines.append(line)
     return keys, lines

@@ -35,7 +35,7 @@ from include.prompts.columns import (
 from include.prompts.encoding import encode_record, encode_string
 from include.prompts.funnel import SourceFunnel
 from include.prompts.readers import RowBatch, iter_batches
-from include.prompts.rows import SourceState
+from include.prompts.rows import SourceState, read_rows
 from include.prompts.schemas import KINDS, MalformedRow
 from include.prompts.turns import POLICIES, DropRow, dedupe_key, to_messages
 from include.prompts.workers import WorkerError, map_in_order
@@ -439,3 +439,27 @@ def test_a_prompt_of_invisible_characters_only_is_empty(text: str) -> None:
         to_messages(turns, "whole_conversation")
     assert (whole.value.reason, whole.value.detail) == ("empty", EMPTY_TURN_DETAIL)
     assert not blank("a\u200b") and not blank("\u200bé")
+
+
+def test_a_lone_surrogate_in_an_id_or_metadata_column_drops_that_row_by_name(
+        make_settings, tmp_path) -> None:
+    # Message text is checked on its own; a JSON file's "\ud800" in the id or a metadata
+    # column used to reach the encoder and fail the whole stage, naming no row. (Only rows
+    # parsed from JSON can hold one: Arrow, and so the column paths, holds valid UTF-8 only.)
+    rows = [{"question": "fine", "index": "a", "source": "s"},
+            {"question": "bad id", "index": "b\ud800", "source": "s"},
+            {"question": "bad metadata", "index": "c", "source": "s\udfff"},
+            {"question": "fine too", "index": "d", "source": "s"}]
+    settings = make_settings([{"name": "wi", "path": str(tmp_path), "kind": "webinstructsub"}])
+    funnel = SourceFunnel("wi")
+    state = SourceState(settings.sources[0], settings, "characters",
+                        lambda convs: [sum(len(m["content"]) for m in c) for c in convs], funnel)
+    state.kind = KINDS["webinstructsub"]
+    keys, lines = read_rows(state, RowBatch(0, ["question", "index", "source"], rows=rows))
+    assert [json.loads(line)["id"] for line in lines] == ["wi:default:a", "wi:default:d"]
+    assert len(keys) == 2
+    assert funnel.dropped["malformed"] == 2
+    samples = funnel.samples["malformed"]
+    assert "the row id holds invalid unicode" in samples[0] and "\\ud800" in samples[0]
+    assert "invalid unicode" in samples[1] and samples[1].startswith("wi:default:c")
+    json.dumps(funnel.to_dict(), ensure_ascii=False).encode("utf-8")  # the manifest stays text
