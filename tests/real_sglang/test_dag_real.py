@@ -37,6 +37,9 @@ def _conf(real: RealDeployment, run_name: str, **run: Any) -> dict[str, Any]:
         **real.run, "run_name": run_name, "shard_size": 12, "seed": 7,
         "max_tokens": real.run["context_length"],  # the 8192/8192 of the real incident, small
         "min_completion_tokens": 64, "progress_interval_s": 5, "health_interval_s": 1,
+        # The tiny model leaves ~1 think block in 8 open by design (scripts/tiny_qwen3.py):
+        # the quality filters quarantine those (unclosed_think), above the 1% default gate.
+        "max_filtered_rate": 0.3,
         **run,
     }
 
@@ -90,8 +93,9 @@ def _wire_check(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> t
     return same, len(rows)
 
 
-def _rejected(requests_log: str) -> int:
-    return len(re.findall(r'"POST /v1/chat/completions HTTP/1\.1" 4\d\d', requests_log))
+def _answered(server_log: str, status: str) -> int:
+    """Return how many chat requests a server's access log shows answered with ``status``."""
+    return len(re.findall(rf'"POST /v1/chat/completions HTTP/1\.1" {status}\b', server_log))
 
 
 def _manifests(run_dir: Path, kind: str) -> list[dict[str, Any]]:
@@ -115,7 +119,7 @@ def test_single_turn_thinking_on_and_off_rows_are_what_the_real_server_sampled(
     conf = _conf(real_servers, "real_single",
                  sources=[{"name": n, "quota": 3} for n in CATALOGUE],
                  sampling_variants={"enable_thinking": [True, False]})
-    access_before = sum(p.stat().st_size for p in real_servers.server_logs())
+    sizes = {p: p.stat().st_size for p in real_servers.server_logs()}
     proc, requests = _dags_test(airflow_env, real_servers, conf, tmp_path / "out")
     _ok(proc)
     run_dir = tmp_path / "out" / "real_single"
@@ -123,8 +127,11 @@ def test_single_turn_thinking_on_and_off_rows_are_what_the_real_server_sampled(
     same, total = _wire_check(rows, requests)
     print(f"\nreal SGLang, single turn: {same}/{total} rows identical to the server's ids")
     assert total >= 12 and same == total
-    log_text = "".join(p.read_text(errors="replace") for p in real_servers.server_logs())
-    assert _rejected(log_text[access_before:]) == 0 or _rejected(log_text) == 0
+    # The servers' own access logs during the run: every chat request answered 200, none
+    # refused (max_tokens = the context, as in the incident where every request was).
+    during = "".join(p.read_bytes()[sizes.get(p, 0):].decode(errors="replace")
+                     for p in real_servers.server_logs())
+    assert _answered(during, "200") >= total and _answered(during, "[45]..") == 0
     variants = Counter(r["sampling_variant"] for r in rows)
     assert len(variants) == 2, variants  # thinking on and off both reached the trainer
     generated = _manifests(run_dir, "generated")
