@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import json
 import shlex
 import shutil
@@ -25,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from scripts.trainer_env import pins_key, venv_not_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-sglang"
@@ -61,17 +62,12 @@ def python() -> Path:
 
 
 def _key() -> str:
-    return f"{hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()} python{PYTHON_VERSION}\n"
+    return pins_key(REQUIREMENTS)
 
 
 def not_ready() -> str | None:
     """Return why the environment cannot be used as it is, or None if it is ready."""
-    if not python().exists():
-        return f"{VENV} does not exist"
-    marker = VENV / ".installed"
-    if not marker.exists() or marker.read_text() != _key():
-        return f"{VENV} was built from other pins than {REQUIREMENTS.name}"
-    return None
+    return venv_not_ready(VENV, REQUIREMENTS)
 
 
 def launch_command() -> str:

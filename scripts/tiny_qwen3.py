@@ -8,13 +8,15 @@ to SGLang and to this project, like a thinking model's: most close their think b
 end before closing it, some are cut by ``max_tokens``. Random weights alone never sample
 either id (``../shared/docs/real-sglang-cpu.md``).
 
-How the rates are set: every input embedding carries the same value in dimension 0, so after
-the final RMSNorm the hidden state's dimension 0 is a near-constant ``h0`` whatever the
-context (the two random layers add little). The output head is untied: row ``t`` holds
-``bias_t / h0`` in dimension 0 and small noise elsewhere, so the logit of ``t`` is ``bias_t``
-give or take the noise. Three groups get a bias: ``</think>``, ``<|im_end|>``, and a seeded set
-of common word tokens (so the text is words rather than any of 151k ids); the biases are
-solved for the rates at the reference temperature and top-p, then measured on the model.
+How the rates are set: every input embedding carries the same value in dimension 0 and a
+random unit direction in the others; the untied output head reads that direction (a
+bigram-like spread of logits, so top-k sees a few likely ids per step, as with a real model)
+plus a bias in dimension 0 for a seeded set of word tokens. One attention head of layer 0 is
+wired to write into dimension 62 whether a ``</think>`` is anywhere in the context
+(``_wire_closed_flag``): ``</think>`` is then never sampled again, and ``<|im_end|>`` becomes
+likelier, as with thinking off (the prompt holds the empty block). The two ids' head entries
+are solved by bisection for the rates at the reference sampling (``Rates``) over hidden
+states of chat prompts with random answers, then measured and stamped.
 
 Run it in the SGLang environment (it has torch): ``.venv-sglang/bin/python -m
 scripts.tiny_qwen3 OUT_DIR [--seed N]``; ``scripts.sglang_env`` calls it. The directory is
@@ -149,7 +151,6 @@ def _wire_closed_flag(model, torch) -> None:
         attn.q_proj.weight[:_HEAD_DIM] = 0.0
         attn.q_proj.weight[_SLOW, _CONST] = 1.0
         attn.k_proj.weight[_SLOW] = 0.0
-        attn.k_proj.weight[_SLOW, _MARK] = 1.0
         attn.k_proj.weight[:, _MARK] = 0.0
         attn.k_proj.weight[_SLOW, _MARK] = 1.0
         attn.q_norm.weight[_SLOW] = 8.0

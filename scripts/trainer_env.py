@@ -49,20 +49,28 @@ def python() -> Path:
     return VENV / "bin" / "python"
 
 
+def pins_key(requirements: Path, python_version: str = PYTHON_VERSION) -> str:
+    """Return what a pinned venv was built from: the pins' hash and the Python version."""
+    return f"{hashlib.sha256(requirements.read_bytes()).hexdigest()} python{python_version}\n"
+
+
+def venv_not_ready(venv: Path, requirements: Path) -> str | None:
+    """Return why ``venv`` cannot be used as built from ``requirements``, or None if ready."""
+    if not (venv / "bin" / "python").exists():
+        return f"{venv} does not exist"
+    marker = venv / ".installed"
+    if not marker.exists() or marker.read_text() != pins_key(requirements):
+        return f"{venv} was built from other pins than {requirements.name}"
+    return None
+
+
 def _key() -> str:
-    """Return what the venv was built from: the pins and the Python version."""
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
-    return f"{digest} python{PYTHON_VERSION}\n"
+    return pins_key(REQUIREMENTS)
 
 
 def not_ready() -> str | None:
     """Return why the venv cannot be used as it is, or None if it is ready."""
-    if not python().exists():
-        return f"{VENV} does not exist"
-    marker = VENV / ".installed"
-    if not marker.exists() or marker.read_text() != _key():
-        return f"{VENV} was built from other pins than {REQUIREMENTS.name}"
-    return None
+    return venv_not_ready(VENV, REQUIREMENTS)
 
 
 def _torch_pin() -> str:

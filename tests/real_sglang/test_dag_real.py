@@ -24,7 +24,7 @@ import pytest
 
 from scripts.sglang_env import served_ids
 from tests.integration.conftest import airflow_env, dags_test, failure_excerpt  # noqa: F401
-from tests.real_sglang.conftest import RealDeployment, server_pids, wait_ready
+from tests.real_sglang.conftest import TIER_OWNER, RealDeployment, server_pids, wait_ready
 
 pytestmark = pytest.mark.real_sglang
 THINK_CLOSE = 151668
@@ -102,6 +102,20 @@ def _manifests(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / kind).glob("*.manifest.json"))]
 
 
+def _run_exact(env: dict[str, str], real: RealDeployment, conf: dict, tmp_path: Path,
+               what: str) -> tuple[Path, list[dict[str, Any]]]:
+    """Run the DAG to success; return its outputs and rows, each row checked identical to
+    what a server logged sampling (the figure is printed for the tier's log)."""
+    proc, requests = _dags_test(env, real, conf, tmp_path / "out")
+    _ok(proc)
+    run_dir = tmp_path / "out" / conf["run_name"]
+    rows = _rows(run_dir)
+    same, total = _wire_check(rows, requests)
+    print(f"\nreal SGLang, {what}: {same}/{total} rows identical to the server's ids")
+    assert same == total
+    return run_dir, rows
+
+
 def _accounted(run_dir: Path, rows: int) -> None:
     """Every prompt of the plan is a row, or counted: skipped, failed, dropped, quarantined."""
     prompts = json.loads((run_dir / "prompts" / "manifest.json").read_text())
@@ -120,13 +134,9 @@ def test_single_turn_thinking_on_and_off_rows_are_what_the_real_server_sampled(
                  sources=[{"name": n, "quota": 3} for n in CATALOGUE],
                  sampling_variants={"enable_thinking": [True, False]})
     sizes = {p: p.stat().st_size for p in real_servers.server_logs()}
-    proc, requests = _dags_test(airflow_env, real_servers, conf, tmp_path / "out")
-    _ok(proc)
-    run_dir = tmp_path / "out" / "real_single"
-    rows = _rows(run_dir)
-    same, total = _wire_check(rows, requests)
-    print(f"\nreal SGLang, single turn: {same}/{total} rows identical to the server's ids")
-    assert total >= 12 and same == total
+    run_dir, rows = _run_exact(airflow_env, real_servers, conf, tmp_path, "single turn")
+    total = len(rows)
+    assert total >= 12
     # The servers' own access logs during the run: every chat request answered 200, none
     # refused (max_tokens = the context, as in the incident where every request was).
     during = "".join(p.read_bytes()[sizes.get(p, 0):].decode(errors="replace")
@@ -146,13 +156,8 @@ def test_whole_conversations_over_the_tool_and_agent_sources(
     conf = _conf(real_servers, "real_turns", turns="all",
                  sources=[{"name": n, "quota": 4} for n in
                           ("hermes_fc", "hermes_glaive", "agentinstruct")])
-    proc, requests = _dags_test(airflow_env, real_servers, conf, tmp_path / "out")
-    _ok(proc)
-    run_dir = tmp_path / "out" / "real_turns"
-    rows = _rows(run_dir)
-    same, total = _wire_check(rows, requests)
-    print(f"\nreal SGLang, turns: all: {same}/{total} rows identical to the server's ids")
-    assert total >= 4 and same == total
+    run_dir, rows = _run_exact(airflow_env, real_servers, conf, tmp_path, "turns: all")
+    assert len(rows) >= 4
     tok = _manifests(run_dir, "tokenized")
     assert sum(m["conversations"]["conversations"] for m in tok if "conversations" in m) >= 4
 
@@ -208,7 +213,7 @@ def _stop_everything(settings: Any, real: RealDeployment) -> None:
     """Stop the tier's servers (release the tier's lease) so a run starts its own."""
     from include.servers.launcher import launch_servers, stop_servers
 
-    report = launch_servers(settings, owner="tests/real_sglang")  # finds and leases them
+    report = launch_servers(settings, owner=TIER_OWNER)  # finds and leases them
     stop_servers(report, settings)
     deadline = time.monotonic() + 60
     while server_pids() and time.monotonic() < deadline:
