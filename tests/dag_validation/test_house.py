@@ -84,8 +84,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # through its hook): below settings, above storage.
     ("include.sglang",),
     ("include.storage",),
-    # Leaves any stage may import: every store key, and the target's tokenizer.
-    ("include.layout", "include.target_tokenizer"),
+    # Leaves any stage may import: every store key, the target's tokenizer, JSON lines.
+    ("include.layout", "include.target_tokenizer", "include.jsonl"),
 )
 #: Upward imports that are right, each with its reason: none (the engine's command-line
 #: front end lives in the pipeline layer, ``include/pipeline/shard_cli.py``).

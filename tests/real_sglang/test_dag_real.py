@@ -199,7 +199,8 @@ def test_a_run_that_starts_its_own_servers_survives_one_killed_and_leaves_nothin
     _ok(proc)
     assert killed, "the second server never got busy enough to be killed"
     # The gate met the servers loading (SGLang opens its port only once loaded) and waited.
-    assert re.search(r"server \S+ not ready \(.*\); deferring", out), "the gate never waited"
+    # (sensor.py: "server 127.0.0.1:P (GPU g) not ready (<why>); deferring for up to N s")
+    assert re.search(r"server .+ not ready \(.*\); deferring", out), "the gate never waited"
     assert re.search(r"server \S+ ejected", out), "the killed server was never ejected"
     run_dir = tmp_path / "out" / "real_killed"
     rows = _rows(run_dir)
