@@ -372,8 +372,11 @@ class Tier:
         if done.returncode:
             raise DeployError(f"airflow db migrate failed:\n{(done.stdout + done.stderr)[-3000:]}")
         c = self.config
-        done = self._airflow("users", "create", "--username", c["admin_user"], "--password",
-                             c["secrets"]["admin_password"], "--role", "Admin", "--email",
+        # `--password=` joined: a token_urlsafe password starts with "-" once in 64, and
+        # argparse would take it for an option (the init then fails on a good password).
+        done = self._airflow("users", "create", "--username", c["admin_user"],
+                             f"--password={c['secrets']['admin_password']}", "--role", "Admin",
+                             "--email",
                              "admin@localhost", "--firstname", "Admin", "--lastname", "User")
         out = done.stdout + done.stderr
         with open(self.procs.log("airflow-init"), "a") as f:
