@@ -14,7 +14,8 @@ from hashlib import blake2b as _blake2b
 from itertools import repeat
 from typing import Any
 
-from include.prompts.encoding import encode_string, encode_value
+from include.prompts.control import CONTROL_TOKEN, ControlTokens
+from include.prompts.encoding import encode_string, encode_value, metadata_detail
 from include.prompts.readers import RowBatch
 from include.prompts.rows import SourceState, row_id
 from include.prompts.schemas import ROLE_NAMES, Kind, MalformedRow
@@ -77,6 +78,10 @@ def read_columns(
         if length < shortest or (longest is not None and length > longest):
             state.length_ok(rid, length)  # counts the drop
             continue
+        row_meta = meta.json[offset]
+        if row_meta is None:
+            funnel.drop("malformed", rid, meta.detail[offset])
+            continue
         if len(turns) == 1:
             role, content = turns[0]
             text = role + "\x1f" + _fold(content)
@@ -90,7 +95,7 @@ def read_columns(
         # Arrow holds valid UTF-8 only: no id or metadata value here can hold a lone surrogate
         # (rows parsed from JSON can: rows.read_rows checks them).
         lines.append(('{"id":' + encode_string(rid) + ',"messages":[' + messages
-                      + '],"metadata":' + meta.json[offset] + tail).encode("utf-8"))
+                      + '],"metadata":' + row_meta + tail).encode("utf-8"))
     return keys, lines
 
 
@@ -105,8 +110,10 @@ def read_flat_columns(state: SourceState, batch: RowBatch) -> tuple[list[bytes],
     texts = batch.column(kind.text_column)
     raw_ids = batch.column(kind.id_column) if kind.id_column else None
     labels = batch.column(kind.source_column) if state.excluded else None
-    metadata = ColumnMetadata(kind, source, batch).json
+    meta = ColumnMetadata(kind, source, batch)
+    metadata = meta.json
     excluded, prefix, seen_ids = state.excluded, state.id_prefix, state.seen_ids
+    control = state.control
     shortest, longest = state.settings.min_prompt_length, state.settings.max_prompt_length
     head, tail = ',"messages":[{"content":', f',"source":{encode_string(source.name)}}}\n'
     funnel.read += len(texts)
@@ -117,7 +124,7 @@ def read_flat_columns(state: SourceState, batch: RowBatch) -> tuple[list[bytes],
         rid = row_id(prefix, raw_ids[offset] if raw_ids is not None else None, index,
                       seen_ids if raw_ids is not None else None)
         if type(text) is not str:
-            drop = flat_prompts(kind, [text])[0]
+            drop = flat_prompts(kind, [text])[0]  # non-text: dropped before any check
             funnel.drop(drop.reason, rid, drop.detail)
             continue
         if blank(text):
@@ -126,6 +133,10 @@ def read_flat_columns(state: SourceState, batch: RowBatch) -> tuple[list[bytes],
         if not text.isascii() and not encodable(text):
             funnel.drop("malformed", rid, INVALID_UNICODE_DETAIL)
             continue
+        forged = control.check([("user", text)]) if control is not None else None
+        if forged is not None:
+            funnel.drop(CONTROL_TOKEN, rid, forged)
+            continue
         if labels is not None and labels[offset] in excluded:
             funnel.drop("filtered_source", rid, str(labels[offset]))
             continue
@@ -133,18 +144,26 @@ def read_flat_columns(state: SourceState, batch: RowBatch) -> tuple[list[bytes],
         if length < shortest or (longest is not None and length > longest):
             state.length_ok(rid, length)  # counts the drop
             continue
+        row_meta = metadata[offset]
+        if row_meta is None:
+            funnel.drop("malformed", rid, meta.detail[offset])
+            continue
         keys.append(
             _blake2b(("user\x1f" + _fold(text)).encode("utf-8"), digest_size=16).digest()
         )
         lines.append((
             '{"id":' + encode_string(rid) + head + encode_string(text)
-            + ',"role":"user"}],"metadata":' + metadata[offset] + tail
+            + ',"role":"user"}],"metadata":' + row_meta + tail
         ).encode("utf-8"))
     return keys, lines
 
 
 class ColumnMetadata:
-    """The ``metadata`` JSON of each row of a batch, as ``encode_record`` writes it."""
+    """The ``metadata`` JSON of each row of a batch, as ``encode_record`` writes it.
+
+    None for a row whose value JSON cannot hold (NaN, an infinity); ``detail`` names it, as
+    ``encoding.invalid_field`` does on the row path.
+    """
 
     def __init__(self, kind: Kind, source: SourceSettings, batch: RowBatch) -> None:
         fixed = {"source_kind": kind.name}
@@ -153,22 +172,31 @@ class ColumnMetadata:
         n = len(batch)
         # One JSON fragment per row and key, column by column, in sorted key order (as
         # encode_record sorts keys); "" where the row holds None (rows.metadata leaves it out).
-        columns: list[Iterable[str]] = []
-        for key in sorted({*fixed, *kind.metadata_columns}):
+        keys = sorted({*fixed, *kind.metadata_columns})
+        columns: list[Iterable[str | None]] = []
+        for key in keys:
             name = encode_string(key) + ":"
             if key in fixed:
                 columns.append(repeat(name + encode_string(fixed[key]), n))
             else:
                 columns.append(fragments(name, batch.column(key)))
-        self.json = [
-            "{" + ",".join([f for f in row if f]) + "}" for row in zip(*columns, strict=True)
-        ]
+        self.json: list[str | None] = []
+        self.detail: dict[int, str] = {}
+        for offset, row in enumerate(zip(*columns, strict=True)):
+            if None in row:
+                self.json.append(None)
+                self.detail[offset] = metadata_detail(keys[row.index(None)])
+            else:
+                self.json.append("{" + ",".join([f for f in row if f]) + "}")
 
 
-def fragments(name: str, values: list[Any]) -> list[str]:
-    """Return the ``"name":value`` fragment of each value of a metadata column ("" for None)."""
+def fragments(name: str, values: list[Any]) -> list[str | None]:
+    """Return the ``"name":value`` fragment of each value of a metadata column.
+
+    "" for None (left out), None for a value JSON cannot hold.
+    """
     memo: dict[str, str] = {}  # labels repeat (sources, languages): encode each once
-    out = []
+    out: list[str | None] = []
     for value in values:
         if value is None:
             out.append("")
@@ -180,7 +208,10 @@ def fragments(name: str, values: list[Any]) -> list[str]:
         elif type(value) is int:  # the encoder writes ints with int.__repr__ too
             out.append(name + repr(value))
         else:
-            out.append(name + encode_value(value))
+            try:
+                out.append(name + encode_value(value))
+            except ValueError:  # NaN or an infinity, at any depth
+                out.append(None)
     return out
 
 
@@ -197,11 +228,11 @@ EMPTY_TURN = Drop("empty", EMPTY_TURN_DETAIL)
 INVALID_UNICODE = Drop("malformed", INVALID_UNICODE_DETAIL)
 
 
-def flat_prompts(kind: Kind, texts: list[Any]) -> list[Any]:
+def flat_prompts(kind: Kind, texts: list[Any], control: ControlTokens | None = None) -> list[Any]:
     """Return the prompt (one user turn) or drop of each row of a flat layout.
 
-    As ``to_messages(kind.turns(row), policy)`` for any known policy: every policy keeps a
-    lone user turn whole.
+    As ``to_messages(kind.turns(row), policy)`` for any known policy (every policy keeps a
+    lone user turn whole), then ``control``'s check, as ``rows.read_rows``.
     """
     column = kind.text_column
     assert column is not None
@@ -219,7 +250,7 @@ def flat_prompts(kind: Kind, texts: list[Any]) -> list[Any]:
         elif not text.isascii() and not encodable(text):
             out.append(INVALID_UNICODE)
         else:
-            out.append([("user", text)])
+            out.append(_checked(control, [("user", text)]))
     return out
 
 
@@ -232,14 +263,14 @@ def encodable(text: str) -> bool:
 
 
 def turn_list_prompts(
-    table: Any, turn_list: tuple[str, str, str], policy: str
+    table: Any, turn_list: tuple[str, str, str], policy: str, control: ControlTokens | None = None
 ) -> list[Any] | None:
     """Return the prompt turns or drop of each row whose turns are a list of objects.
 
-    As ``to_messages(kind.turns(row), policy)``, read from the flattened Arrow list instead
-    of a dict per turn. None (take the row path) unless every row holds a list of objects
-    with string role and content and no loss flags: the checks for anything else stay in
-    one place, ``schemas._turn_list``.
+    As ``to_messages(kind.turns(row), policy)`` then ``control``'s check, read from the
+    flattened Arrow list instead of a dict per turn. None (take the row path) unless every
+    row holds a list of objects with string role and content and no loss flags: the checks
+    for anything else stay in one place, ``schemas._turn_list``.
     """
     import pyarrow as pa
 
@@ -291,8 +322,14 @@ def turn_list_prompts(
         elif not all(c.isascii() or encodable(c) for _, c in kept):
             out.append(INVALID_UNICODE)
         else:
-            out.append(kept)
+            out.append(_checked(control, kept))
     return out
+
+
+def _checked(control: ControlTokens | None, turns: list[tuple[str, str]]) -> Any:
+    """Return ``turns``, or their ``Drop`` when one holds a control token it may not."""
+    forged = control.check(turns) if control is not None else None
+    return turns if forged is None else Drop(CONTROL_TOKEN, forged)
 
 
 def cut_turns(roles: list[str], policy: str) -> Any:

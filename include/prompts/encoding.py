@@ -17,6 +17,7 @@ from include.jsonl import escape_breaks
 _ENCODER = json.JSONEncoder(
     ensure_ascii=False,
     check_circular=False,
+    allow_nan=False,  # NaN and infinities are no JSON: a row holding one is dropped
     sort_keys=True,
     separators=(",", ":"),
     default=str,
@@ -27,8 +28,8 @@ def encode_record(record: dict[str, Any]) -> bytes:
     """Return the one canonical JSON line for a record (sorted keys: byte-stable output).
 
     The same bytes as ``json.dumps(record, ensure_ascii=False, sort_keys=True,
-    separators=(",", ":"), default=str) + "\\n"`` in UTF-8, line breaks other than ``\\n``
-    escaped (``include.jsonl``).
+    separators=(",", ":"), default=str, allow_nan=False) + "\\n"`` in UTF-8, line breaks
+    other than ``\\n`` escaped (``include.jsonl``). Raises ValueError on NaN or an infinity.
     """
     return (escape_breaks(_ENCODER.encode(record)) + "\n").encode("utf-8")
 
@@ -54,23 +55,34 @@ def _utf8_line(line: str) -> bytes | None:
         return None
 
 
+def _json_value(value: Any) -> bytes | None:
+    try:
+        return _utf8_line(_ENCODER.encode(value))
+    except ValueError:  # NaN or an infinity
+        return None
+
+
 def printable_id(text: str) -> str:
     """Return ``text`` with lone surrogates written as escapes, safe to report and store."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def invalid_field(rid: str, metadata: dict[str, Any] | None = None) -> str:
-    """Return the drop detail of a row whose id or a metadata column holds invalid unicode.
+    """Return the drop detail of a row whose id or a metadata value cannot be written.
 
     Message text is checked before (``INVALID_UNICODE_DETAIL``); a row parsed from JSON may
-    still hold a lone surrogate (``"\\ud800"``) in its id or a metadata column.
+    still hold a lone surrogate (``"\\ud800"``) in its id or a metadata column, and a
+    metadata column NaN or an infinity, which JSON cannot hold.
     """
-    where = "a metadata column"
     if _utf8_line(rid) is None:
-        where = "the row id"
-    else:
-        for key, value in sorted((metadata or {}).items()):
-            if _utf8_line(_ENCODER.encode(value)) is None or _utf8_line(str(key)) is None:
-                where = f"metadata column {printable_id(str(key))!r}"
-                break
-    return f"{where} holds invalid unicode (lone surrogates)"
+        return "the row id holds invalid unicode (lone surrogates)"
+    for key, value in sorted((metadata or {}).items()):
+        if _json_value(value) is None or _utf8_line(str(key)) is None:
+            return metadata_detail(str(key))
+    return "a metadata column holds a value JSON cannot hold"
+
+
+def metadata_detail(column: str) -> str:
+    """Return the drop detail of a row whose metadata column ``column`` cannot be written."""
+    return (f"metadata column {printable_id(column)!r} holds invalid unicode (lone "
+            "surrogates), NaN or an infinity")

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from include.prompts.control import ControlTokens
 from include.prompts.encoding import printable_id
 from include.prompts.errors import PrepareError
 from include.settings import PREPARATION_SETTINGS, RunSettings
@@ -20,6 +21,7 @@ DROP_REASONS = (
     "unknown_role",
     "no_user_turn",
     "empty",
+    "control_token",
     "filtered_language",
     "filtered_source",
     "too_short",
@@ -75,14 +77,20 @@ def build_manifest(
     length_unit: str,
     funnels: list[SourceFunnel],
     shards: list[dict[str, Any]],
+    control: ControlTokens | str | None = None,
 ) -> dict[str, Any]:
-    """Return the prepare stage's manifest: its settings, the funnel and the shard list."""
+    """Return the prepare stage's manifest: its settings, the funnel and the shard list.
+
+    ``control``: the control-token rule applied, or why none could be (a string).
+    """
     return {
         "stage": "prepare",
         "preparation_fingerprint": settings.fingerprint(PREPARATION_SETTINGS),
         "preparation_settings": settings.subset(PREPARATION_SETTINGS),
         "length_unit": length_unit,
         "drop_reasons": list(DROP_REASONS),
+        "control_tokens": (control.describe() if isinstance(control, ControlTokens)
+                           else {"unchecked": control or "no tokenizer"}),
         "sources": {f.name: f.to_dict() for f in funnels},
         "totals": {
             "read": sum(f.read for f in funnels),

@@ -40,7 +40,7 @@ from include.prompts.shards import (
     shuffled_order,
     write_shards,
 )
-from include.prompts.sources import check_layout, length_counter, map_source
+from include.prompts.sources import check_layout, control_tokens, length_counter, map_source
 from include.prompts.workers import map_in_order, usable_cpus
 from include.settings import RunSettings, SourceSettings
 from include.storage import Store, open_store
@@ -112,6 +112,11 @@ def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
         settings.min_prompt_length,
         settings.max_prompt_length or "no bound",
     )
+    control = control_tokens(settings)
+    if isinstance(control, str):
+        log.warning("prepare: rows holding the target's control tokens cannot be dropped, the "
+                    "tokenizer does not load here (%s); set tokenizer_path to a tokenizer the "
+                    "workers can read", control)
     existing = load_existing_keys(settings)
     seen_keys = KeySet()
     funnels: list[SourceFunnel] = []
@@ -146,7 +151,7 @@ def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
         n_shards = plan_shards(len(order), settings.shard_size)
         shards = write_shards(store, kept, order, settings.shard_size, n_shards)
 
-    manifest = build_manifest(settings, unit, funnels, shards)
+    manifest = build_manifest(settings, unit, funnels, shards, control)
     store.write_new(MANIFEST_KEY, json.dumps(manifest, indent=2).encode() + b"\n")
     log.info("prepare funnel:\n%s", format_funnel(manifest))
     log.info(

@@ -38,7 +38,7 @@ class RowBatch:
     and no table.
     """
 
-    __slots__ = ("start", "columns", "table", "_rows")
+    __slots__ = ("start", "columns", "table", "file", "_rows")
 
     def __init__(
         self,
@@ -46,10 +46,12 @@ class RowBatch:
         columns: list[str],
         rows: list[dict[str, Any]] | None = None,
         table: Any = None,
+        file: str = "",
     ) -> None:
         if (rows is None) == (table is None):
             raise ValueError("a RowBatch holds either rows or an Arrow table")
         self.start = start
+        self.file = file  # the local file its rows come from ("" for a hub dataset)
         self.columns = columns
         self.table = table
         self._rows = rows
@@ -199,7 +201,7 @@ def _parquet_batches(
                     table = pa.Table.from_batches([part])
                     if not table.schema.equals(target):
                         table = table.cast(target)
-                    yield RowBatch(start, columns, table=table)
+                    yield RowBatch(start, columns, table=table, file=path)
                     start += table.num_rows
         except Exception as exc:  # noqa: BLE001 - as above
             raise _parquet_error(source, [path], exc) from exc
@@ -239,7 +241,7 @@ def _json_batches(
     columns: list[str] | None = None
     wanted: list[str] | None = None  # None: every column
     held: list[dict[str, Any]] = []  # leading rows that are no object
-    for part in _json_file_parts(source, files):
+    for path, part in _json_file_parts(source, files):
         if columns is None:
             first = (
                 next((r for r in part if MALFORMED_KEY not in r), None)
@@ -252,16 +254,17 @@ def _json_batches(
             columns = list(first) if isinstance(part, list) else part.column_names
             if select is not None:
                 wanted = _chosen(columns, select(columns, first))
-        batches = _row_batches(start, columns, held, batch_size)
+        batches = _row_batches(start, columns, held, batch_size, path)
         held = []
         if isinstance(part, list):  # parsed row by row: every field
-            batches += _row_batches(start + sum(map(len, batches)), columns, part, batch_size)
+            batches += _row_batches(start + sum(map(len, batches)), columns, part, batch_size,
+                                    path)
         else:
             if wanted is not None:
                 part = part.select([c for c in wanted if c in part.column_names])
             base = start + sum(map(len, batches))
             batches += [
-                RowBatch(base + i, columns, table=part.slice(i, batch_size))
+                RowBatch(base + i, columns, table=part.slice(i, batch_size), file=path)
                 for i in range(0, part.num_rows, batch_size)
             ]
         yield from batches
@@ -270,18 +273,19 @@ def _json_batches(
 
 
 def _row_batches(
-    start: int, columns: list[str], rows: list[dict[str, Any]], batch_size: int
+    start: int, columns: list[str], rows: list[dict[str, Any]], batch_size: int, file: str = ""
 ) -> list[RowBatch]:
     return [
-        RowBatch(start + i, columns, rows[i : i + batch_size])
+        RowBatch(start + i, columns, rows[i : i + batch_size], file=file)
         for i in range(0, len(rows), batch_size)
     ]
 
 
-def _json_file_parts(source: SourceSettings, files: list[str]) -> Iterator[Any]:
+def _json_file_parts(source: SourceSettings, files: list[str]) -> Iterator[tuple[str, Any]]:
     try:
         for path in files:
-            yield from json_parts(path, f"source {source.name}")
+            for part in json_parts(path, f"source {source.name}"):
+                yield path, part
     except JsonReadError as exc:
         raise SourceReadError(f"source {source.name!r}: {exc}") from None
 

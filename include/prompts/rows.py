@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from include.prompts.control import CONTROL_TOKEN, ControlTokens
 from include.prompts.encoding import encode_record, invalid_field
 from include.prompts.funnel import SourceFunnel
 from include.prompts.readers import MALFORMED_KEY, RowBatch
@@ -39,6 +40,8 @@ class SourceState:
     unit: str
     count_lengths: LengthCounter
     funnel: SourceFunnel
+    #: The target's control tokens (``include/prompts/control.py``); None: no tokenizer.
+    control: ControlTokens | None = None
     kind: Kind | None = None
     seen_ids: set[str] = field(default_factory=set)
 
@@ -123,6 +126,11 @@ def read_rows(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[by
         except DropRow as exc:
             funnel.drop(exc.reason, rid, exc.detail)
             continue
+        if state.control is not None:
+            forged = state.control.check([(m["role"], m["content"]) for m in messages])
+            if forged is not None:
+                funnel.drop(CONTROL_TOKEN, rid, forged)
+                continue
         if state.languages is not None and row.get(kind.language_column) not in state.languages:
             funnel.drop("filtered_language", rid, str(row.get(kind.language_column)))
             continue
@@ -142,7 +150,7 @@ def read_rows(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[by
             record["call_format"] = state.call_format
         try:
             line = encode_record(record)
-        except UnicodeEncodeError:  # the text was checked: an id or a metadata value
+        except ValueError:  # the text was checked: an id or a metadata value (NaN, surrogates)
             state.funnel.drop("malformed", rid, invalid_field(rid, meta))
             continue
         keys.append(dedupe_key(messages))

@@ -7,19 +7,22 @@ dedupe: ``map_source`` is the job the stage's worker runs (``include/prompts/wor
 
 from __future__ import annotations
 
+import functools
 import logging
 from itertools import accumulate
 from pathlib import Path
 
 from include.prompts.columns import flat_prompts, read_columns, read_flat_columns, turn_list_prompts
+from include.prompts.control import ControlTokens
 from include.prompts.dedupe import Candidates
+from include.prompts.errors import PrepareError
 from include.prompts.funnel import SourceFunnel
 from include.prompts.readers import MALFORMED_KEY, RowBatch, iter_batches, peek
 from include.prompts.rows import LengthCounter, SourceState, read_rows
 from include.prompts.schemas import KINDS, Kind, check_kind, detect_kind
 from include.prompts.turns import POLICIES
 from include.settings import RunSettings, SettingsError, SourceSettings
-from include.target_tokenizer import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import TokenizerError, count_prompt_tokens, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,27 @@ def length_counter(settings: RunSettings) -> tuple[str, LengthCounter]:
         tok = load_tokenizer(settings.tokenizer_path)
         return "tokens", lambda convs: count_prompt_tokens(tok, convs, settings.enable_thinking)
     return "characters", lambda convs: [sum(len(m["content"]) for m in c) for c in convs]
+
+
+def control_tokens(settings: RunSettings) -> ControlTokens | str:
+    """Return the target's control tokens, or why they are unknown (the tokenizer cannot load).
+
+    From ``tokenizer_path``, else the model's own tokenizer (``model_path``), the one the
+    tokenize stage reads; on a worker that cannot load it, the rule cannot apply, and the
+    manifest and the card say so.
+    """
+    name = "tokenizer_path" if settings.tokenizer_path else "model_path"
+    path = settings.tokenizer_path or settings.model_path
+    try:
+        return _control_tokens(path)
+    except TokenizerError as exc:
+        cause = exc.__cause__ or exc
+        return f"{name} {path!r} does not load here ({type(cause).__name__})"
+
+
+@functools.lru_cache(maxsize=4)
+def _control_tokens(path: str) -> ControlTokens:
+    return ControlTokens.from_tokenizer(load_tokenizer(path))
 
 
 def resolve_kind(source: SourceSettings, batch_columns: list[str], first: dict | None) -> Kind:
@@ -97,12 +121,47 @@ def read_batch(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[b
         if kind.text_column is not None:
             if state.unit == "characters" and state.languages is None:
                 return read_flat_columns(state, batch)
-            return read_columns(state, batch, flat_prompts(kind, batch.column(kind.text_column)))
+            texts = batch.column(kind.text_column)
+            return read_columns(state, batch, flat_prompts(kind, texts, state.control))
         assert kind.turn_list is not None
-        prompts = turn_list_prompts(batch.table, kind.turn_list, state.source.multi_turn)
+        prompts = turn_list_prompts(batch.table, kind.turn_list, state.source.multi_turn,
+                                    state.control)
         if prompts is not None:
             return read_columns(state, batch, prompts)
     return read_rows(state, batch)
+
+
+def _read_or_name_the_row(state: SourceState, batch: RowBatch) -> tuple[list[bytes], list[bytes]]:
+    """Return ``read_batch``'s result; on an error no rule foresaw, fail naming the row.
+
+    Every value a rule knows is dropped with a reason; anything else is a bug or a value of a
+    new kind, and the same input fails the same way: a ``PrepareError`` (the task fails
+    without retry) naming the source, the file and the first row that raises on its own.
+    """
+    try:
+        return read_batch(state, batch)
+    except (PrepareError, SettingsError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - named and re-raised below
+        row = _first_failing_row(state, batch)
+        where = f"file {batch.file}" if batch.file else "the hub dataset"
+        raise PrepareError(
+            f"source {state.source.name!r}, {where}, row {row} (counted from 0 over the "
+            f"source): {type(exc).__name__}: {exc}. No rule of the prepare stage covers this "
+            "value; nothing was written. Remove the row or report it with this message."
+        ) from exc
+
+
+def _first_failing_row(state: SourceState, batch: RowBatch) -> str:
+    for i in range(len(batch)):
+        one = (RowBatch(batch.start + i, batch.columns, table=batch.table.slice(i, 1))
+               if batch.table is not None else
+               RowBatch(batch.start + i, batch.columns, batch.rows[i : i + 1]))
+        try:
+            read_batch(state, one)
+        except Exception:  # noqa: BLE001 - the one to name
+            return str(batch.start + i)
+    return f"among {batch.start}-{batch.start + len(batch) - 1}"
 
 
 def map_source(settings: RunSettings, directory: str, si: int) -> Candidates:
@@ -114,7 +173,9 @@ def map_source(settings: RunSettings, directory: str, si: int) -> Candidates:
     source = settings.sources[si]
     unit, count_lengths = length_counter(settings)
     out = Candidates(SourceFunnel(source.name), str(Path(directory) / f"{si:03d}.jsonl"))
-    state = SourceState(source, settings, unit, count_lengths, out.funnel)
+    control = control_tokens(settings)
+    state = SourceState(source, settings, unit, count_lengths, out.funnel,
+                        control if isinstance(control, ControlTokens) else None)
 
     def select(columns: list[str], first: dict | None) -> tuple[str, ...]:
         # Resolve the kind before the first batch, so only the columns it reads are loaded.
@@ -126,7 +187,7 @@ def map_source(settings: RunSettings, directory: str, si: int) -> Candidates:
             if state.kind is None:
                 first = next((r for r in batch.rows if MALFORMED_KEY not in r), None)
                 set_kind(state, batch.columns, first)
-            keys, lines = read_batch(state, batch)
+            keys, lines = _read_or_name_the_row(state, batch)
             out.keys += b"".join(keys)
             ends = list(accumulate(map(len, lines), initial=size))  # the batch's start first
             out.ends.extend(ends[1:])

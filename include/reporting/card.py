@@ -224,6 +224,33 @@ def _funnel_lines(report: dict[str, Any]) -> list[str]:
         f"{tt['truncated_to_max_length']:,} truncated to the maximum length.", ""]
 
 
+def _text_rule_lines(prompts_manifest: Mapping[str, Any]) -> list[str]:
+    """What the prepare stage did with dataset text the target would misread, and how often."""
+    sources = prompts_manifest.get("sources", {})
+
+    def count(reason: str) -> int:
+        return sum(s.get("dropped", {}).get(reason, 0) for s in sources.values())
+
+    control = prompts_manifest.get("control_tokens") or {}
+    if "tokens" in control:
+        rule = (f"{count('control_token'):,} rows dropped (`control_token`): a turn held the "
+                "string of one of the target tokenizer's "
+                f"{len(control['tokens'])} added tokens, which the server would read as that "
+                "token (a forged end of turn or assistant header). User turns may hold none; "
+                "system, assistant and tool turns may hold the chat template's own markup ("
+                + (", ".join(f"`{t}`" for t in control["markup_outside_user_turns"]) or "none")
+                + "), where it gives the ids the template gives.")
+    else:
+        rule = ("Control tokens: NOT checked, the target's tokenizer did not load at "
+                f"preparation ({control.get('unchecked', NOT_REPORTED)}).")
+    return ["### Hostile text", "", rule,
+            f"{count('malformed'):,} rows dropped as `malformed` (among them text, ids or "
+            "metadata holding invalid unicode); "
+            f"{count('empty'):,} as `empty` (a prompt or user turn of white space or invisible "
+            "characters only). JSONL lines escape U+2028, U+2029 and U+0085, so every line "
+            "splitter reads one record a line.", ""]
+
+
 def _token_lines(report: dict[str, Any]) -> list[str]:
     tok, tt = report["tokens"], report["tokenization"]["totals"]
 
@@ -300,6 +327,7 @@ def render_card(
         *_sampling_lines(settings),
         *_source_lines(used),
         *_funnel_lines(report),
+        *_text_rule_lines(prompts_manifest),
         *_conversation_lines(report.get("conversations")),
         *_token_lines(report),
         *training_lines(report.get("trainer_export") or {}, report.get("trainers") or {},
