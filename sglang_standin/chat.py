@@ -56,6 +56,7 @@ class ChatRequest:
     skip_special_tokens: bool = True
     return_token_ids: bool = False
     return_prompt_token_ids: bool = False
+    return_spec_tokens_details: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
     steering: Steering = field(default_factory=Steering)
     n: int = 1
@@ -107,6 +108,8 @@ def parse_chat(body: Any, version: str) -> ChatRequest:
     if version != "v0.5.6":
         req.return_token_ids = _bool(body, "return_token_ids", False)
         req.return_prompt_token_ids = _bool(body, "return_prompt_token_ids", False)
+        # protocol.py ChatCompletionRequest.return_spec_tokens_details (0.5.6 not modelled).
+        req.return_spec_tokens_details = _bool(body, "return_spec_tokens_details", False)
     if not clean:
         raise BadRequest("Messages cannot be empty.")
     if stream and req.return_prompt_token_ids:
@@ -220,6 +223,7 @@ class ChatAnswer:
     reasoning_content: str | None
     reasoning_tokens: int = 0
     cached_tokens: int | None = None  # None: --enable-cache-report is off
+    spec_details: dict[str, Any] | None = None  # speculative.SpecSettings.details
 
 
 def chat_body(version: str, req: ChatRequest, answers: list[ChatAnswer]) -> dict[str, Any]:
@@ -250,7 +254,7 @@ def chat_body(version: str, req: ChatRequest, answers: list[ChatAnswer]) -> dict
     if new:
         r = reasoning_tokens
         usage["completion_tokens_details"] = {"reasoning_tokens": r} if r else None
-    return {
+    body: dict[str, Any] = {
         "id": uuid.uuid4().hex,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -259,6 +263,12 @@ def chat_body(version: str, req: ChatRequest, answers: list[ChatAnswer]) -> dict
         "usage": usage,
         "metadata": {"weight_version": "default"},
     }
+    # serving_chat.py _build_chat_response: a response-level sglext, the details of every
+    # choice that has some (one object for n = 1, a list for n > 1), absent when none.
+    spec = [a.spec_details for a in answers if a.spec_details is not None]
+    if req.return_spec_tokens_details and spec:
+        body["sglext"] = {"spec_tokens_details": spec if req.n > 1 else spec[0]}
+    return body
 
 
 def _choice(version: str, req: ChatRequest, index: int, answer: ChatAnswer) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from sglang_standin import perf
+from sglang_standin import perf, speculative
 
 SglangVersion = Literal["v0.5.23", "v0.5.6"]
 VERSIONS: tuple[str, ...] = ("v0.5.23", "v0.5.6")
@@ -74,6 +74,8 @@ class ServerConfig:
     noncanonical_rate: float = 0.0
     tool_call_rate: float = 0.0
     sampled_log_dir: str | None = None
+    # SGLang's --speculative-* flags as given, resolved by the server (speculative.py).
+    speculative: dict[str, Any] = field(default_factory=dict)
     ignored_args: list[str] = field(default_factory=list)
 
     @property
@@ -136,7 +138,8 @@ class ServerConfig:
     def standin_args(self) -> dict[str, object]:
         """Return the stand-in-only settings, each prefixed `standin_`."""
         data = asdict(self)
-        out = {f"standin_{k}": data[k] for k in data if k not in _SGLANG_FIELDS}
+        out = {f"standin_{k}": data[k] for k in data
+               if k not in _SGLANG_FIELDS and k != "speculative"}
         out["standin_length_check"] = self.effective_length_check
         out["standin_max_running_requests"] = self.effective_max_running_requests
         return out
@@ -205,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report prompt tokens served from the radix cache in usage")
     g.add_argument("--disable-radix-cache", action="store_true")
 
+    speculative.add_flags(p)
     s = p.add_argument_group("stand-in only")
     s.add_argument("--standin-seed", type=int, default=0)
     s.add_argument(
@@ -392,4 +396,5 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     kwargs: dict[str, object] = {}
     for key, value in values.items():
         kwargs[key.removeprefix("standin_")] = value
+    kwargs["speculative"] = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("speculative_")}
     return ServerConfig(**kwargs, ignored_args=list(unknown))  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sglang_standin import perf
+from sglang_standin import perf, speculative
 from sglang_standin.chat import ChatTemplater, answer_for, chat_body, parse_chat
 from sglang_standin.cli import ServerConfig
 from sglang_standin.completions import completion_body, parse_completion
@@ -80,6 +80,10 @@ class StandinServer:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
         self.templater = ChatTemplater.load(self.tokenizer, config.chat_template)
         self.context_length = config.resolve_context_length()
+        # Resolved as speculative_hook.py does; a ValueError ends start-up, as in SGLang.
+        self.spec = speculative.resolve(config.speculative, config.model_path)
+        if config.max_running_requests is None:
+            config.max_running_requests = speculative.max_running_default(self.spec)
         self.model = config.perf_model()
         kv = self.model.max_total_num_tokens
         self.max_req_input_len = min(self.context_length - 1, kv - 1) - 5
@@ -233,6 +237,7 @@ class StandinServer:
     async def server_info(self, request: web.Request) -> web.Response:
         sched = self.scheduler.sched
         info: dict[str, Any] = dict(self.config.sglang_args())
+        info.update(self.spec.server_info() if self.spec else speculative.no_spec_server_info())
         info.update(
             {
                 "status": "Up" if self.ready.is_set() else "Starting",
@@ -303,7 +308,13 @@ class StandinServer:
         for index in range(req.n):  # n > 1: more samples of one prompt (another RNG key each)
             sampling = req.sampling if index == 0 else {**req.sampling, "choice": index}
             completion = self.writer.write(prompt, sampling, limit, req.steering)
-            outcome, cached = await self._run_job(request, prompt_ids, completion, arrived)
+            spec = None if self.spec is None else self.spec.details(
+                seed=self.config.seed, prompt=prompt, sampling=sampling,
+                completion_tokens=completion.completion_tokens)
+            steps = None if self.spec is None else self.spec.forward_steps(
+                spec, completion.completion_tokens)
+            outcome, cached = await self._run_job(request, prompt_ids, completion, arrived,
+                                                  steps)
             if outcome is not None:
                 return outcome
             answer = answer_for(
@@ -312,6 +323,7 @@ class StandinServer:
             )  # fmt: skip
             if self.config.enable_cache_report:
                 answer.cached_tokens = cached
+            answer.spec_details = spec
             self._log_sampled(prompt_ids, completion)
             answers.append(answer)
         return json_response(chat_body(self.version, req, answers))
@@ -411,7 +423,8 @@ class StandinServer:
         return None
 
     async def _run_job(
-        self, request: web.Request, prompt_ids: list[int], completion: Completion, arrived: float
+        self, request: web.Request, prompt_ids: list[int], completion: Completion, arrived: float,
+        steps: int | None = None,
     ) -> tuple[web.StreamResponse | None, int]:
         """Run the request through the performance model; return (failure response, K).
 
@@ -431,7 +444,8 @@ class StandinServer:
             self.metrics.generation_tokens_total += completion.completion_tokens
             ttft = 0.0
         else:
-            job = perf.Job(p, max(1, completion.completion_tokens), cached_tokens=cached)
+            # ``steps``: the forward passes under speculative decoding (one per verify).
+            job = perf.Job(p, max(1, steps or completion.completion_tokens), cached_tokens=cached)
             try:
                 fut = self.scheduler.submit(job)
             except perf.QueueFullError:
