@@ -52,6 +52,9 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import (
     AssetAlias,
+    ExceptionRetryPolicy,
+    RetryAction,
+    RetryRule,
     dag,
     setup,
     task,
@@ -62,6 +65,7 @@ from airflow.sdk import (
 from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
 from include.settings.deployment import DeploymentSettings
+from include.settings.errors import TaskRefused
 from include.settings.params import airflow_params
 
 DAG_ID = "regenerate_drafter_data"
@@ -91,6 +95,11 @@ DEFAULT_ARGS = {
     "execution_timeout": timedelta(hours=2),
     # Tasks log what they did in words; their return values (plans, reports) are for XCom.
     "show_return_value_in_logs": False,
+    # A refusal (a wrong setting, a failed quality gate: include/pipeline/refusal.py) fails at
+    # once, its reason with no traceback under it; any other failure is retried as above.
+    "retry_policy": ExceptionRetryPolicy(rules=[RetryRule(
+        exception=TaskRefused, action=RetryAction.FAIL,
+        reason="refused (the reason is above): a retry would refuse the same")]),
 }
 #: A mapped shard task's name in the grid, from its own arguments: shown as soon as the task
 #: starts (a name set inside the task body would only show once the task finished).

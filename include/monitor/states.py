@@ -207,14 +207,18 @@ def first_failure(events: Iterable[Mapping[str, Any]], max_lines: int = 12
     """Return a failed attempt's reason from its log: the exception, and our error lines.
 
     ``events`` are the attempt's log events as Airflow serves them (``event``, ``level``,
-    ``logger``, ``error_detail``). The exception is the one the task failed with
-    (``type: message``, its first lines); the lines are the last ``max_lines`` ERROR events
-    this project's code logged before it (``include.*``: e.g. check_settings' refusals).
+    ``logger``, ``error_detail``, ``exit_code``). The reason is a refusal's (Airflow's ``Task
+    exited`` line, its code the reason) or the exception the task failed with (``type:
+    message``); the lines are the last ``max_lines`` ERROR events this project's code logged
+    before it (``include.*``: e.g. check_settings' refusals).
     """
     message, lines = "", []
     for e in events:
         detail = e.get("error_detail")
-        if detail and isinstance(detail, list) and isinstance(detail[0], Mapping):
+        if e.get("event") == "Task exited" and isinstance(e.get("exit_code"), str):
+            # A refusal (include/pipeline/refusal.py): a SystemExit, its code the reason.
+            message = message or e["exit_code"]
+        elif detail and isinstance(detail, list) and isinstance(detail[0], Mapping):
             exc = detail[0]
             kind = str(exc.get("exc_type") or "Error")
             # A deliberate failure (no retry) says what it is; any other shows its type.

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from include.layout import regeneration_prefix
+from include.pipeline.refusal import refuse
 from include.settings import RunSettings, SettingsError
 from include.storage import Store, StoreError, normalize_location, open_store
 
@@ -76,11 +77,10 @@ def fail_without_retry(*errors: type[BaseException]) -> Iterator[None]:
     """Turn ``errors`` (and SettingsError) into a task failure that Airflow does not retry.
 
     For mistakes in the settings or the data: the same inputs give the same error, so a retry
-    would only spend the retry delay and another worker's time.
+    would only spend the retry delay and another worker's time. The reason is logged on its
+    own lines and the task fails with no traceback under it (``include.pipeline.refusal``).
     """
-    from airflow.sdk.exceptions import AirflowFailException
-
     try:
         yield
     except (SettingsError, *errors) as exc:
-        raise AirflowFailException(str(exc)) from None
+        refuse(str(exc))

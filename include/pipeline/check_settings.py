@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.durability.journal_settings import check_earlier_journals
+from include.pipeline.refusal import refuse
 from include.settings import DeploymentSettings, RunSettings, SettingsError
 from include.settings.deployment import env_name, inside_data_roots
-from include.settings.errors import raise_all, refusal_lines, refusal_summary
+from include.settings.errors import raise_all, refusal_lines, refusal_summary, refused_names
 from include.settings.validation import (
     check_dedupe,
     check_earlier_shards,
@@ -93,21 +94,37 @@ def _check_api_key(run: RunSettings) -> None:
     raise_all(key_problems(run.deployment, run.api_key))
 
 
+def _refused(problems: list[str], name: str) -> bool:
+    """Whether a problem already refuses setting ``name`` (or one of its entries)."""
+    return any(n == name or n.startswith((f"{name}[", f"{name}."))
+               for n in refused_names(problems))
+
+
 def check_settings(params: Mapping[str, Any] | None,
                    deployment: DeploymentSettings | None = None) -> RunSettings:
     """Run every check that needs no GPU and writes nothing; raise SettingsError listing all.
 
-    Returns the bound settings, logged resolved.
+    The deployment's refusals (a model it does not allow, a path outside the data roots) do
+    not stop the other checks: each check runs unless it would read a value already refused
+    (a refused source, tokenizer or ``dedupe_against`` entry is not opened), so a person sees
+    every problem on the first try. The store is probed and the earlier shards read only
+    when nothing is wrong. Returns the bound settings, logged resolved.
     """
-    settings = RunSettings.from_mapping(params, deployment)
-    problems = problem(lambda: check_output_location(settings))
-    for i in range(len(settings.sources)):
-        problems += problem(lambda i=i: _check_source(i, settings))
+    settings, problems = RunSettings.bind(params, deployment)
+    if settings is None:  # the values do not make settings: nothing else can be checked
+        raise_all(problems)
+        raise AssertionError("unreachable: unbound settings always name a problem")
+    problems += problem(lambda: check_output_location(settings))
+    if not _refused(problems, "sources"):  # indexes are the conf's only when none was refused
+        for i in range(len(settings.sources)):
+            problems += problem(lambda i=i: _check_source(i, settings))
     for i in range(len(settings.dedupe_against)):
-        problems += problem(lambda i=i: check_dedupe(i, settings))
+        if not _refused(problems, f"dedupe_against[{i}]"):
+            problems += problem(lambda i=i: check_dedupe(i, settings))
     problems += problem(lambda: check_served_name(settings))
     problems += problem(lambda: _check_api_key(settings))
-    problems += problem(lambda: _check_tokenizer(settings))
+    if not _refused(problems, "tokenizer_path"):
+        problems += problem(lambda: _check_tokenizer(settings))
     problems += problem(lambda: _check_host_keys(settings))
     if not problems:  # a valid output root: prove it create-only before anything writes
         problems += problem(lambda: check_store_create_only(settings))
@@ -127,18 +144,15 @@ def run(params: Mapping[str, Any] | None) -> None:
     """The check_settings task: fail, without a retry, on any wrong setting.
 
     Each problem is logged on short lines of its own, where a person reads the log; the
-    task then fails with one short line naming the settings, raised here so that Airflow's
-    traceback under it has no frame of ours but the task body's and this one.
+    task then fails with one short line naming the settings, and no traceback
+    (``include.pipeline.refusal``).
     """
-    from airflow.sdk.exceptions import AirflowFailException
-
     try:
         check_settings(params)
     except SettingsError as exc:
         problems = exc.problems
     else:
         return
-    for line in refusal_lines(problems):
-        log.error("%s", line)
-    log.error("nothing was prepared, launched or written: change the settings and trigger again")
-    raise AirflowFailException(refusal_summary(problems)) from None
+    refuse(refusal_summary(problems), [
+        *refusal_lines(problems),
+        "nothing was prepared, launched or written: change the settings and trigger again"])

@@ -22,6 +22,17 @@ class SettingsError(ValueError):
         self.problems = list(problems) if problems is not None else [message]
 
 
+class TaskRefused(SystemExit):
+    """A task refuses to go on (a wrong setting, a failed quality gate); ``code`` is the
+    reason, one short line.
+
+    A ``SystemExit`` because that is the one exception Airflow's task runner logs as one line
+    (``Task exited`` and its code) instead of under 13-15 frames of its own code; the DAG's
+    retry policy fails it at once (``include.pipeline.refusal``). Here, not in the pipeline,
+    so that the DAG file names it without importing the pipeline when it is parsed.
+    """
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """Return `` (did you mean `x`?)`` for the closest known name, or ``""``."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)

@@ -101,9 +101,28 @@ def airflow_params() -> dict[str, Any]:
     for name, prop in form_schemas().items():
         schema = {k: prop[k] for k in _FORM_KEYS if k in prop}
         _optional_in_form(schema)
+        description = prop["description"] + _bounds_out_of_the_field(schema)
         params[name] = Param(deployed.get(name, prop.get("default")), title=prop["title"],
-                             description=prop["description"], section=prop["section"], **schema)
+                             description=description, section=prop["section"], **schema)
     return params
+
+
+def _bounds_out_of_the_field(schema: dict[str, Any]) -> str:
+    """Move a number's bounds where the form's field cannot clamp to them; say them instead.
+
+    Airflow's number field takes ``minimum``/``maximum`` as its input's bounds and, when it
+    loses focus, silently replaces a value outside them by the nearest bound (``shard_size``
+    0 became 1, issue 34). Under ``allOf`` the trigger still refuses such a value, saying why
+    ("0 is less than the minimum of 1"), and the field keeps what the person typed.
+    """
+    bounds = {k: schema.pop(k) for k in ("minimum", "maximum") if k in schema}
+    if not bounds:
+        return ""
+    schema["allOf"] = [bounds]
+    low, high = bounds.get("minimum"), bounds.get("maximum")
+    said = (f"{low} to {high}" if low is not None and high is not None
+            else f"at least {low}" if low is not None else f"at most {high}")
+    return f" Accepted: {said}."
 
 
 def _cell(value: Any) -> str:

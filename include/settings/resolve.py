@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from include.settings.deployment import DeploymentSettings, env_name, inside_data_roots
-from include.settings.errors import describe, did_you_mean, raise_all
+from include.settings.errors import describe, did_you_mean
 from include.settings.fields import PATTERN_ACCEPTED, SourceSettings
 
 #: ``RunSettings``, which is passed in (``run.py`` imports this module).
@@ -193,11 +193,15 @@ def _tokenizer_problems(value: str, d: DeploymentSettings, roots: str) -> list[s
             f"local path inside the data roots {roots}"]
 
 
-def resolve_run(settings_class: type[Run], values: Mapping[str, Any] | None,
-                deployment: DeploymentSettings | None = None) -> Run:
-    """Return ``settings_class`` (RunSettings) of ``values`` bound to ``deployment``.
+def bind_run(settings_class: type[Run], values: Mapping[str, Any] | None,
+             deployment: DeploymentSettings | None = None) -> tuple[Run | None, list[str]]:
+    """Return (the settings bound to ``deployment``, every problem found binding them).
 
-    Raise SettingsError naming every problem at once.
+    The settings are None only when the values do not make settings at all (a wrong type or
+    bound); settings the deployment refuses (a model it does not allow, a path outside its
+    data roots) are returned beside their problems, so that ``check_settings`` can still run
+    the checks that read nothing the deployment refused (a protected ``run_name``, say) and
+    report every problem at once. Such settings never leave ``check_settings``.
     """
     if deployment is None:
         deployment = DeploymentSettings.load()
@@ -210,12 +214,9 @@ def resolve_run(settings_class: type[Run], values: Mapping[str, Any] | None,
     except ValidationError as exc:
         problems += describe(exc, known=settings_class.model_fields,
                              accepted_patterns=PATTERN_ACCEPTED)
-        run = None
-    if run is None:  # raised outside the except block: the log shows our words only
-        raise_all(problems)
-        raise AssertionError("unreachable: a validation error always names a problem")
+        return None, problems  # returned outside the except block: our words only in the log
     sources, source_problems = _resolve_sources(run, deployment)
-    raise_all(problems + source_problems + _check_against_deployment(run, deployment))
+    problems += source_problems + _check_against_deployment(run, deployment)
     bound = run.model_copy(update={"sources": sources})
     bound._deployment = deployment
-    return bound
+    return bound, problems

@@ -273,8 +273,20 @@ class RunSettings(BaseModel):
         bound to ``deployment`` (read from the environment when not given): catalogue sources
         are resolved, and the model, local paths and names are checked against it.
         """
+        from include.settings.errors import raise_all
+
+        bound, problems = cls.bind(values, deployment)
+        raise_all(problems)
+        assert bound is not None  # no problem: the values made settings
+        return bound
+
+    @classmethod
+    def bind(cls, values: Any = None, deployment: Any = None
+             ) -> tuple[RunSettings | None, list[str]]:
+        """Return (the settings, every problem): ``from_mapping`` without raising
+        (``include.settings.resolve.bind_run``; for ``check_settings`` only)."""
         from include.settings.deployment import DeploymentSettings
-        from include.settings.resolve import resolve_run
+        from include.settings.resolve import bind_run
 
         if deployment is None:
             deployment = DeploymentSettings.load()
@@ -282,7 +294,7 @@ class RunSettings(BaseModel):
         values = dict(values or {})
         if values.get("model_path") is None:
             values["model_path"] = deployment.allowed_models[0]
-        return resolve_run(cls, values, deployment)
+        return bind_run(cls, values, deployment)
 
     @property
     def deployment(self) -> Any:

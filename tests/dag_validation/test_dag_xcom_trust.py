@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
 
 from include.pipeline.binding import outputs_uri
 from include.servers.commands import server_specs
 from include.servers.expectations import ModelExpectation
 from include.servers.launch_report import Action, LaunchReport, ServerOutcome
 from include.settings import RunSettings
+from include.settings.errors import TaskRefused
 from tests.fixtures.settings import deployment_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 def test_generate_refuses_an_edited_server_list_before_any_request(
     dag: Any, deployed: RunSettings, sent: list[list[str]], servers: Any
 ) -> None:
-    with pytest.raises(AirflowFailException, match=MISMATCH):
+    with pytest.raises(TaskRefused, match=MISMATCH):
         body(dag, "shard.generate")(shard_id="shard-00000", servers=servers,
                                     outputs_uri=deployed.run_uri, wait_for=None, params={})
     assert sent == []
@@ -139,10 +139,10 @@ def test_a_shard_task_refuses_an_edited_outputs_uri_before_writing_a_byte(
     try:
         _shard_task(dag, task_id, edited, run_id, params)
         refused: BaseException | None = None
-    except Exception as exc:  # noqa: BLE001 - judged below, after what was written
+    except BaseException as exc:  # noqa: BLE001 - judged below (a refusal is a SystemExit)
         refused = exc
     assert _files(outside) == [] and _files(tmp_path) == []  # not a byte, anywhere
-    assert isinstance(refused, AirflowFailException), refused
+    assert isinstance(refused, TaskRefused), refused
     message = str(refused)
     assert "outputs_uri" in message and expected in message and MISMATCH in message
 
@@ -157,7 +157,7 @@ def test_the_gate_preflight_and_teardown_refuse_an_edited_launch_report(
     edited["servers"][1]["server"]["command_prefix"] = "touch /tmp/pwned;"
     for task_id, kwargs in (("health_targets", {}), ("preflight", {"plan": []}),
                             ("stop_servers", {"run_id": "r"})):
-        with pytest.raises(AirflowFailException, match=MISMATCH):
+        with pytest.raises(TaskRefused, match=MISMATCH):
             body(dag, task_id)(report=edited, params={}, **kwargs)
     # The unedited report tears down (nothing held by this run here: nothing to run).
     body(dag, "stop_servers")(report=report(deployed), params={}, run_id="r")

@@ -45,6 +45,10 @@ DOOMED = {
                                         "did you mean `shard_size`"]),
     "model-not-allowed": ({"model_path": "someone/else"},
                           ["`model_path`: got 'someone/else'", "REGEN_ALLOWED_MODELS"]),
+    # Issue 34, item 1: the deployment's refusal did hide the protected run_name.
+    "two-at-once": ({"model_path": "someone/else", "run_name": "completions"},
+                    ["2 settings refused", "`model_path`: got 'someone/else'",
+                     "`run_name` ('completions')", "protected"]),
     "catalogue-typo": ({"sources": [{"name": "metamath"}]},
                        ["'metamath' is not in the deployment's source catalogue",
                         "did you mean `metamathqa`"]),
@@ -141,6 +145,14 @@ def test_doomed_confs_fail_in_check_settings_with_their_reason_in_the_task_log(
         for fragment in fragments:
             assert fragment in said, (name, fragment, log[-2000:])
         assert "PWNED" not in log
+        # Issue 34, item 3: the reason, and no traceback of Airflow's frames under it; the
+        # last error line is the one-line reason, the policy's "no retry" after it.
+        assert not [line for line in content if line.get("error_detail")], (name, log[-3000:])
+        exited = [line for line in content if line.get("event") == "Task exited"]
+        assert len(exited) == 1 and re.match(r"\d+ settings? refused: ",
+                                             str(exited[0].get("exit_code"))), (name, log[-3000:])
+        assert any(line.get("event") == "Retry policy decision" and line.get("action") == "fail"
+                   for line in content), (name, log[-3000:])
     work: Path = airflow.work  # type: ignore[attr-defined]
     assert not (work / "out").exists() and not (work / "server-logs").exists()
 

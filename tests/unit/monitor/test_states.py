@@ -164,6 +164,25 @@ def test_a_failed_attempts_reason_is_its_exception_and_our_error_lines_before_it
     assert first_failure([]) == ("", [])
 
 
+def test_a_refusals_reason_is_its_exit_line() -> None:
+    """Issue 34, item 3: a refusal fails with no traceback; Airflow logs it as one line."""
+    events = [
+        {"event": "2 settings refused:", "level": "error", "logger": "include.pipeline.refusal"},
+        {"event": "1. setting `model_path`: got 'x'", "level": "error",
+         "logger": "include.pipeline.refusal"},
+        {"event": "Task exited", "level": "error", "logger": "task",
+         "exit_code": "2 settings refused: model_path, run_name (the reasons are in this "
+                      "task's log)"},
+        {"event": "Retry policy decision", "level": "info", "logger": "task"},
+    ]
+    assert first_failure(events) == (
+        "2 settings refused: model_path, run_name (the reasons are in this task's log)",
+        ["2 settings refused:", "1. setting `model_path`: got 'x'"])
+    # A task that called sys.exit(1) itself is no refusal: its number is not a reason.
+    assert first_failure([{"event": "Task exited", "level": "error", "exit_code": 1}]) == (
+        "", [])
+
+
 def _section(name: str, state: str | None, start: str | None) -> dict:
     runs = [] if state is None else [{"state": state, "start_date": start}]
     return {"run_name": name, "airflow_runs": runs}

@@ -127,22 +127,20 @@ def test_the_task_logs_each_refusal_on_short_lines_and_fails_with_one_short_line
     tmp_path, data, monkeypatch, caplog
 ) -> None:
     # Issue 27: the reason was one line cut off at the log's right edge, above a traceback.
-    from airflow.sdk.exceptions import AirflowFailException
-
     from include.pipeline.check_settings import run
-    from include.settings.errors import LINE_WIDTH
+    from include.settings.errors import LINE_WIDTH, TaskRefused
 
     monkeypatch.setenv("REGEN_OUTPUT_ROOT", str(tmp_path / "out"))
     monkeypatch.setenv("REGEN_DATA_ROOTS", json.dumps([str(data)]))
     monkeypatch.setenv("REGEN_ALLOWED_MODELS", json.dumps(["/srv/models/a-long-model-name"]))
     caplog.set_level("ERROR")
-    with pytest.raises(AirflowFailException) as err:
+    with pytest.raises(TaskRefused) as err:
         run({"model_path": "someone/else", "shard_sise": 3,
              "sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}]})
     assert str(err.value) == ("2 settings refused: shard_sise, model_path "
                               "(the reasons are in this task's log)")
     assert err.value.__cause__ is None and err.value.__suppress_context__
-    lines = [r.getMessage() for r in caplog.records if r.name == "include.pipeline.check_settings"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "include.pipeline.refusal"]
     assert lines[0] == "2 settings refused:" and all(len(x) <= LINE_WIDTH for x in lines)
     text = " ".join(" ".join(lines).split())
     assert "setting `model_path`: got 'someone/else'" in text

@@ -121,7 +121,7 @@ def test_force_regenerate_writes_afresh_and_records_why(tmp_path, engine) -> Non
 
 def test_the_generate_task_refuses_for_good_naming_the_setting(tmp_path, engine,
                                                               monkeypatch) -> None:
-    from airflow.sdk.exceptions import AirflowFailException
+    from include.settings.errors import TaskRefused
 
     store = _run_store(_settings(tmp_path))
     generate_shard(_settings(tmp_path), SHARD, [], store)
@@ -129,7 +129,7 @@ def test_the_generate_task_refuses_for_good_naming_the_setting(tmp_path, engine,
                                        "data_roots": [str(tmp_path)]}).items():
         monkeypatch.setenv(name, value)
     params = {"temperature": 1.0}
-    with pytest.raises(AirflowFailException, match="temperature 0.6 → 1.0"):
+    with pytest.raises(TaskRefused, match="temperature 0.6 → 1.0"):
         generate_task.run(SHARD, [], _settings(tmp_path).run_uri, None, params,
                           dag_id="regenerate_drafter_data", run_id=None, ti=None, slots=1)
     assert engine == [SHARD]

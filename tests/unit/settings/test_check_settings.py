@@ -65,3 +65,30 @@ def test_shard_range_and_preparation_settings_are_checked_against_earlier_shards
     with pytest.raises(SettingsError, match=r"other preparation settings \(different: "
                                             r"\['shard_size'\]\)"):
         check_settings({**conf, "shard_size": 7}, dep)
+
+
+def test_every_refused_setting_is_reported_at_once(tmp_path, data) -> None:
+    """Issue 34, item 1: a model the deployment does not allow did hide a protected run_name
+    until the next try; now both are named in one refusal, and nothing is written."""
+    dep = _deployment(tmp_path, data, protected_prefixes=[str(tmp_path / "out" / "completions")])
+    with pytest.raises(SettingsError) as err:
+        check_settings({"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}],
+                        "model_path": "org/not-allowed", "run_name": "completions"}, dep)
+    assert len(err.value.problems) == 2, err.value.problems
+    assert "`model_path`" in err.value.problems[0]
+    assert "`run_name`" in err.value.problems[1] and "completions" in err.value.problems[1]
+    assert _written(tmp_path) == []
+
+
+def test_a_refused_location_is_not_opened_by_the_other_checks(tmp_path, data) -> None:
+    """The deployment refuses a dedupe location outside the data roots: it is named once, by
+    the deployment's rule, and never read (its file is not even looked at)."""
+    outside = tmp_path / "elsewhere.jsonl"
+    with pytest.raises(SettingsError) as err:
+        check_settings({"sources": [{"name": "mine", "path": str(data / "prompts.jsonl")}],
+                        "model_path": "org/not-allowed", "dedupe_against": [str(outside)]},
+                       _deployment(tmp_path, data))
+    problems = err.value.problems
+    assert [p for p in problems if "dedupe_against[0]" in p] == [
+        p for p in problems if "inside the data roots" in p], problems
+    assert not any("does not exist" in p for p in problems), problems

@@ -193,7 +193,13 @@ def test_trigger_form_has_one_typed_param_per_run_setting_and_no_deployment_sett
     assert not set(params) & set(DeploymentSettings.model_fields)
     schema = params["max_tokens"].schema
     # Optional in the form (no required mark): null means the default.
-    assert schema["type"] == ["integer", "null"] and schema["minimum"] == 1
+    assert schema["type"] == ["integer", "null"]
+    # Issue 34, item 2: no bound the form's number field would clamp a typed value to; the
+    # trigger refuses it (allOf) and the description says the range.
+    shard = params["shard_size"]
+    assert "minimum" not in shard.schema and "maximum" not in shard.schema
+    assert shard.schema["allOf"] == [{"minimum": 1, "maximum": 20000}]
+    assert shard.description.endswith("Accepted: 1 to 20000.")
     assert params["concurrency_mode"].schema["enum"] == ["adaptive", "fixed", None]
     assert params["enable_thinking"].schema["type"] == "boolean"
     assert params["tokenizer_path"].schema["type"] == ["string", "null"]
@@ -212,7 +218,8 @@ def test_trigger_form_has_one_typed_param_per_run_setting_and_no_deployment_sett
 
 
 @pytest.mark.parametrize(("name", "bad"), [("run_name", "ok\n"), ("shard_range", "1-"),
-                                           ("max_tokens", 0), ("sources", [{"kind": "auto"}])])
+                                           ("max_tokens", 0), ("shard_size", 0),
+                                           ("sources", [{"kind": "auto"}])])
 def test_the_form_refuses_what_the_model_refuses(name, bad) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
