@@ -1,0 +1,52 @@
+"""The evaluation's refusals (issue 36, item 4), as plain data in, problems out.
+
+``request_problems`` runs before anything is launched (the DAG's check step);
+``server_problems`` once the servers answer, on what each reports in ``/server_info``
+(``utils/common.py`` ``build_server_info``: the resolved ``speculative_*`` server args).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from include.evaluation.compat import drafter_problems
+from include.evaluation.settings import EvaluationDeployment, EvaluationRequest
+from include.evaluation.split import SplitError, load_split
+from include.storage import Store
+
+
+def request_problems(request: EvaluationRequest, deployment: EvaluationDeployment,
+                     run_store: Store, target_config: dict[str, Any] | None,
+                     read_config: Callable[[str], dict[str, Any] | None]) -> list[str]:
+    """Every mistake knowable before launch, all at once."""
+    problems = []
+    for name in request.drafters:
+        if name not in deployment.allowed_drafters:
+            problems.append(f"drafter {name!r} is not one the deployment allows "
+                            f"(REGEN_ALLOWED_DRAFTERS: {sorted(deployment.allowed_drafters)})")
+        elif target_config is None:
+            problems.append("the target's config.json cannot be read: no drafter can be "
+                            "checked against it")
+        else:
+            path = deployment.allowed_drafters[name]
+            problems += drafter_problems(name, read_config(path), target_config)
+    try:
+        load_split(run_store)
+    except SplitError as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def server_problems(infos: Mapping[str, dict[str, Any]], algorithm: str) -> list[str]:
+    """Servers (by name) that report no speculative decoding, or another algorithm."""
+    problems = []
+    for name, info in sorted(infos.items()):
+        got = info.get("speculative_algorithm")
+        if got is None:
+            problems.append(f"server {name} reports no speculative decoding "
+                            "(speculative_algorithm null in /server_info): it was not launched "
+                            "with --speculative-* flags, or is an older server reused")
+        elif str(got).upper() != algorithm and not (algorithm == "EAGLE" and got == "NEXTN"):
+            problems.append(f"server {name} runs speculative algorithm {got}, not {algorithm}")
+    return problems
