@@ -78,7 +78,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.pipeline",),
     ("include.prompts", "include.servers", "include.generation", "include.engine",
      "include.durability", "include.tokenization", "include.reporting", "include.quality",
-     "include.conversations", "include.monitor"),
+     "include.conversations", "include.monitor", "include.evaluation"),
     ("include.settings",),
     # What every stage speaks to an SGLang server with (settings read the servers' API key
     # through its hook): below settings, above storage.
