@@ -129,7 +129,7 @@ def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None,
     to itself). ``limit`` defaults to ``RECENT_RUNS``. With ``with_reasons`` (the user may
     read task logs), a run with a failed task carries the first one's reason, from its log.
     """
-    from airflow.models.dagrun import DagRun
+    from airflow.models.dagrun import DagRun, DagRunNote
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -150,9 +150,14 @@ def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None,
     default_name = RunSettings.model_fields["run_name"].default
     with create_session() as session:
         runs = session.execute(
-            select(DagRun.run_id, DagRun.state.label("state"), DagRun.conf, DagRun.start_date)
+            select(DagRun.id, DagRun.run_id, DagRun.state.label("state"), DagRun.conf,
+                   DagRun.start_date)
             .where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(limit)).all()
         run_ids = [r.run_id for r in runs]
+        # A run's note (plugins/regen_notes.py's "nothing to do", or a person's) is shown too.
+        notes = dict(session.execute(
+            select(DagRunNote.dag_run_id, DagRunNote.content)
+            .where(DagRunNote.dag_run_id.in_([r.id for r in runs]))).all())
         tasks: dict[str, list[TaskRow]] = {}
         for row in session.execute(
                 select(TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
@@ -180,7 +185,8 @@ def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None,
                                         "message": "", "lines": []})
     return [summarize_run(
         dag_id, {"run_id": r.run_id, "state": _text(r.state), "conf": r.conf,
-                 "start_date": r.start_date.isoformat() if r.start_date else None},
+                 "start_date": r.start_date.isoformat() if r.start_date else None,
+                 "note": notes.get(r.id)},
         tasks.get(r.run_id, ()), plans.get(r.run_id), ui_base, default_name,
         failures.get(r.run_id)) for r in runs]
 

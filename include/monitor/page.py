@@ -65,7 +65,8 @@ _CSS = (
     "background:var(--no_status);text-decoration:none}"
     + "".join(f".badge.st-{k},.chip.st-{k}{{border-left-color:var(--{k})}}"
               f".badge.st-{k}{{background:var(--{k})}}" for k in _STATES)
-    + ".failure{margin:0;padding:8px 16px;border-bottom:1px solid var(--border);"
+    + ".note{margin:0;padding:8px 16px;border-bottom:1px solid var(--border)}"
+    ".failure{margin:0;padding:8px 16px;border-bottom:1px solid var(--border);"
     "color:var(--bad)}.failure .msg{white-space:pre-line}"
     ".failure pre{margin:4px 0 0;white-space:pre-wrap;font:12px/1.4 "
     "ui-monospace,monospace;color:var(--fg)}"
@@ -153,6 +154,19 @@ def _failure(run: Mapping[str, Any]) -> str:
             f"task log</a>{f'<pre>{_e(lines)}</pre>' if lines else ''}</div>")
 
 
+#: A finished location's tokens/s: the report's figure, by its definition and its name
+#: (include/reporting/render.py's TOKENS_PER_S; runs.generation_average). Live, the page
+#: shows the last RATE_WINDOW_S seconds instead, named so.
+TOKENS_PER_S = "tokens/s while generating"
+
+
+def _note(run: Mapping[str, Any]) -> str:
+    """The run's note in Airflow (e.g. "nothing to do: ..."), where the run is shown."""
+    note = run.get("note")
+    return (f"<div class='note' data-key='note'>Note: <span class='msg'>{_e(note)}</span></div>"
+            if note else "")
+
+
 def _badge(run: Mapping[str, Any], words: Mapping[str, str]) -> str:
     state = run.get("state") or NO_STATUS
     return (f"<a class='badge st-{_e(state)}' data-key='state' href='{_e(run['url'])}' "
@@ -200,13 +214,15 @@ def _airflow_run(run: Mapping[str, Any], words: Mapping[str, str]) -> str:
            if failure else "")
     return (f"<div class='afrun' data-run-id='{_e(run['run_id'])}'>{_badge(run, words)} "
             f"<a data-key='af-run' href='{_e(run['url'])}' target='_top'>{_e(run['run_id'])}"
-            f"</a> <span class='muted'>{_e(_counts(run, words))}</span>{why}</div>")
+            f"</a> <span class='muted'>{_e(_counts(run, words))}</span>{why}"
+            + (f" <span class='muted' data-key='note'>{_e(run['note'])}</span>"
+               if run.get("note") else "") + "</div>")
 
 
 def _file_stats(files: Mapping[str, Any], shards_in_run: int) -> str:
     r, t = files["rows"], files["tokenized_rows"]
     basis = (f"tokens/s, last {RATE_WINDOW_S:.0f} s" if files["rate_basis"] == "window"
-             else "tokens/s, average while generating")
+             else TOKENS_PER_S)
     idle = files["idle_s"] is not None and files["idle_s"] > RATE_WINDOW_S and files["generating"]
     rate = ("-" if files["tokens_per_s"] is None else f"{files['tokens_per_s']:,.1f}") + (
         f" (no completion for {_duration(files['idle_s'])})" if idle else "")
@@ -251,6 +267,8 @@ def _servers_and_reports(files: Mapping[str, Any], url_prefix: str) -> str:
         f"<a href='{url_prefix}/files/{_e(rep['key'])}' target='_blank'>"
         f"{_e(rep['airflow_run_id'])}</a> "
         f"({_e(FILE_WORDS['gates_passed' if rep['passed'] else 'gates_failed'])})"
+        + (f" <a data-key='card' href='{url_prefix}/files/{_e(rep['card'])}' target='_blank'>"
+           "dataset card</a>" if rep.get("card") else "")
         for rep in files["reports"])
     return ((f"<div class='part'><h3>Servers</h3>{servers}</div>" if servers else "")
             + (f"<div class='part'><h3>Reports</h3>{reports}</div>" if reports else ""))
@@ -272,7 +290,7 @@ def _section(section: Mapping[str, Any], words: Mapping[str, str], url_prefix: s
     else:
         header += (f"<span class='muted' data-key='state'>no Airflow run among the last "
                    f"{RECENT_RUNS}</span>")
-    body = _failure(newest) if newest is not None else ""
+    body = (_note(newest) + _failure(newest)) if newest is not None else ""
     if files is not None:
         body += _file_stats(files, section["run"]["shards_in_run"])
     if newest is not None and (newest["shards"] or newest.get("state") in LIVE_RUN_STATES):

@@ -43,6 +43,7 @@ from cachetools import LRUCache, TTLCache
 from include.durability.journal import is_final, merge_lines
 from include.engine.outcome import PromptStatus
 from include.layout import (
+    CARD_NAME,
     GENERATED_PREFIX,
     JOURNAL_PREFIX,
     MANIFEST_KEY,
@@ -67,7 +68,9 @@ NOT_OURS = FILE_WORDS["not_ours"]
 RATE_WINDOW_S = 120.0
 #: What a run's report folder holds (see include/reporting/build.py), by extension, with its
 #: media type: nothing else is served.
-REPORT_MEDIA_TYPES = {"html": "text/html", "md": "text/markdown", "json": "application/json",
+#: Markdown (the dataset card, report.md) as text: a browser shows it instead of downloading it.
+REPORT_MEDIA_TYPES = {"html": "text/html", "md": "text/plain; charset=utf-8",
+                      "json": "application/json",
                       "png": "image/png"}
 # One path segment written by this project: no "", ".", ".." or hidden names.
 _SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]*"
@@ -320,12 +323,16 @@ class RunMonitor:
         eta_s = (remaining / rate.prompts_per_s if rate and remaining > 0 and idle_s is not None
                  and idle_s <= RATE_WINDOW_S else None)
         average = None if generating else generation_average(spans)
+        listed = set(keys)
         reports = sorted({k.split("/")[1] for k in keys
                           if k.startswith(f"{REPORT_PREFIX}/") and k.endswith(f"/{REPORT_JSON}")})
         report_links = [
             {"airflow_run_id": rid, "key": f"{base}{REPORT_PREFIX}/{rid}/{REPORT_HTML}",
              "passed": self._fact(f"{base}{REPORT_PREFIX}/{rid}/{REPORT_JSON}",
-                                  lambda r: r.get("passed"))}
+                                  lambda r: r.get("passed")),
+             # The dataset card the report wrote beside itself: what a training team acts on.
+             **({"card": f"{base}{REPORT_PREFIX}/{rid}/{CARD_NAME}"}
+                if f"{REPORT_PREFIX}/{rid}/{CARD_NAME}" in listed else {})}
             for rid in reports]
         tokens_per_s = (rate.tokens_per_s if rate is not None and generating
                         else average if average is not None else None)

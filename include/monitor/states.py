@@ -151,7 +151,8 @@ def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow],
                   failure: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Return one run for the page: state, failure, link, and its shards by Airflow state.
 
-    ``run`` holds ``run_id``, ``state``, ``conf`` and ``start_date`` (ISO text or None);
+    ``run`` holds ``run_id``, ``state``, ``conf``, ``start_date`` (ISO text or None) and
+    ``note`` (the run's note in Airflow, or None);
     ``plan`` is the ``prepare_prompts`` return value (None before it finished); ``failure``
     the run's first failed task (``{"task_id", "map_index", "message", "lines"}``), if any.
     Each state lists ``{"shard_id", "map_index", "task", "state", "url"}`` in map-index
@@ -196,6 +197,7 @@ def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow],
     return {
         "run_id": run_id, "state": run.get("state"),
         "run_name": conf.get("run_name") or default_run_name, "location": _location(plan),
+        "note": run.get("note") or None,
         "start_date": run.get("start_date"), "url": ui_base + run_path(dag_id, run_id),
         "failure": out_failure, "shards": shards,
         "shard_counts": {c: len(v) for c, v in shards.items()},

@@ -137,7 +137,30 @@ def check_settings(params: Mapping[str, Any] | None,
     from include.servers.expectations import budget_line
 
     log.info("%s", budget_line(settings))
+    _say_if_nothing_to_do(settings)
     return settings
+
+
+def _say_if_nothing_to_do(settings: RunSettings) -> None:
+    """Say now when every selected shard is already complete: the run will skip everything
+    after ``launch_servers`` and end green (issue 34); the person may want a new run_name."""
+    import json
+
+    from include.layout import MANIFEST_KEY
+    from include.pipeline.prepare_prompts import nothing_to_do
+    from include.prompts.plan import select_shards
+    from include.storage import open_store
+
+    if settings.force_regenerate:
+        return  # a new folder: every shard runs
+    store = open_store(settings.run_uri, read_only=True,
+                       s3_conn_id=settings.deployment.s3_conn_id)
+    if not store.exists(MANIFEST_KEY):
+        return
+    idle = nothing_to_do(settings, select_shards(settings, json.loads(store.read(MANIFEST_KEY)),
+                                                 store))
+    if idle:
+        log.warning("%s", idle)
 
 
 def run(params: Mapping[str, Any] | None) -> None:

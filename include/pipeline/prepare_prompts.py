@@ -59,17 +59,48 @@ def stagger(shard_ids: list[str], shards_in_flight: int) -> list[dict[str, Any] 
     ]
 
 
-def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1) -> list[dict[str, Any]]:
+#: The XCom key under which ``prepare_prompts`` says a run has nothing to do; the listener of
+#: ``plugins/regen_notes.py`` makes it the run's note when the run ends.
+NOTHING_TO_DO_KEY = "nothing_to_do"
+
+
+def nothing_to_do(settings: RunSettings, plan: Mapping[str, Any]) -> str | None:
+    """Return the sentence saying this run has no shard to generate, or None when it has.
+
+    ``plan`` is ``select_shards``' answer. Said where a person looks (the check_settings and
+    prepare_prompts logs, the run's note, the monitor): a green run that skipped everything
+    after ``launch_servers`` otherwise looks like one that did the work.
+    """
+    if plan["shards"]:
+        return None
+    done = len(plan["complete"])  # nothing left: every selected shard with prompts is done
+    scope = f" (shard_range {settings.shard_range})" if settings.shard_range else ""
+    if not done:
+        return (f"nothing to do: the selected shards{scope} of run_name {settings.run_name!r} "
+                "hold no prompts; choose other shards with shard_range, or a new run_name")
+    return (f"nothing to do: {done} of {done} shards{scope} already complete under run_name "
+            f"{settings.run_name!r} ({settings.run_uri}); to make a new run, trigger with a new "
+            "run_name, or with force_regenerate: true to generate these shards again in a new "
+            "folder")
+
+
+def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1,
+             say: Any = None) -> list[dict[str, Any]]:
     """Prepare or reuse the prompt shards; return what the per-shard task group maps over.
 
     One ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run (``wait_for``: see
-    ``stagger``).
+    ``stagger``). With no shard to run, the reason is logged and passed to ``say``.
     """
     manifest = prepare_or_reuse(settings, open_run_store(settings))
     outputs = outputs_uri(settings, run_id)
     plan = select_shards(settings, manifest, open_run_store(settings, outputs))
     check_map_length(settings, plan["shards"], plan["total_shards"])
     log.info("outputs of this run go to %s", outputs)
+    idle = nothing_to_do(settings, plan)
+    if idle:
+        log.warning("%s", idle)
+        if say is not None:
+            say(idle)
     waits = stagger(plan["shards"], shards_in_flight)
     return [
         {"shard_id": sid, "outputs_uri": outputs, "wait_for": wait}
@@ -81,4 +112,11 @@ def run(params: Mapping[str, Any] | None, run_id: str | None,
         shards_in_flight: int) -> list[dict[str, Any]]:
     """The prepare_prompts task: the plan, or a failure without retry on a permanent error."""
     with fail_without_retry(*PERMANENT_ERRORS):
-        return plan_run(bind(params), run_id or "manual", shards_in_flight)
+        return plan_run(bind(params), run_id or "manual", shards_in_flight, _tell_the_run)
+
+
+def _tell_the_run(sentence: str) -> None:
+    """Leave ``sentence`` for the run's note (a task cannot set its run's note itself)."""
+    from airflow.sdk import get_current_context
+
+    get_current_context()["ti"].xcom_push(NOTHING_TO_DO_KEY, sentence)

@@ -38,6 +38,7 @@ class Completion:
     model: str
     finished_at: float
     latency_s: float
+    #: 1 + its retries (a conversation's turns each count one request, not a retry).
     attempts: int
     #: SGLang's version as the record says its server reported it ("" when it does not).
     server_version: str = ""
@@ -72,6 +73,14 @@ def _reasoning_tokens(rec: dict[str, Any]) -> int | None:
     return sum(counts)
 
 
+def _attempts(rec: dict[str, Any], timings: dict[str, Any]) -> int:
+    """Return 1 + the retries a record took: a whole conversation's ``attempts`` are its
+    turns' sum, and each turn's own first request is no retry (issue 34: "68 extra attempts"
+    under ``turns: all`` where every shard log said 0 retries)."""
+    turns = len(rec.get("turn_results") or ()) or 1
+    return max(int(timings.get("attempts") or 1) - (turns - 1), 1)
+
+
 def completion(rec: dict[str, Any]) -> Completion:
     """Return the report's view of one completed journal record."""
     usage = _usage(rec)
@@ -86,7 +95,7 @@ def completion(rec: dict[str, Any]) -> Completion:
         model=str(rec.get("model") or ""),
         finished_at=float(timings.get("finished_at") or 0.0),
         latency_s=float(timings.get("latency_s") or 0.0),
-        attempts=int(timings.get("attempts") or 1),
+        attempts=_attempts(rec, timings),
         server_version=str(rec.get("server_version") or last_turn.get("server_version") or ""),
         weight_version=str(rec.get("weight_version") or last_turn.get("weight_version") or ""),
         reasoning_tokens=_reasoning_tokens(rec),

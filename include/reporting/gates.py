@@ -63,7 +63,7 @@ class GateResult:
                  if self.denominator is not None else "")
         where = ", ".join(f"{c['name']}: {c['count']}" for c in self.contributors)
         state = "ok" if self.passed else "FAILED"
-        if self.name.startswith("max_"):
+        if not self.name.startswith("min_"):  # max_* and all_shards_complete: a ceiling
             rule = f"at most {_fmt(self.threshold)} allowed"
             where = f"; most from {where}" if where else ""
         else:

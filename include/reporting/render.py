@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
+from include.layout import CARD_NAME  # a copy is in each report folder: a relative link opens it
 from include.reporting.throughput import describe_server_time
 
 Block = tuple[str, Any]
@@ -22,6 +24,39 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+#: What each gate's figure counts: "0 0 pass" said nothing (issue 34).
+GATE_MEANINGS = {
+    "max_truncation_rate": "share of completions cut short by max_tokens (truncated/completed)",
+    "max_failure_rate": "share of prompts sent that failed (failed/sent)",
+    "min_completions_per_source": "completions of the source with the fewest",
+    "max_quarantine_rate": "share of checked completions quarantined by the tokenization "
+                           "checks (quarantined/checked)",
+    "max_filtered_rate": "share of checked completions kept out by the output quality filters "
+                         "(filtered/checked)",
+    "all_shards_complete": "shards of the run with no generated or tokenized output",
+}
+
+
+#: The name of the one tokens/s figure, on the report and on the monitor (include/monitor).
+TOKENS_PER_S = "tokens/s while generating"
+
+
+def _generating_s(tp: dict[str, Any]) -> float:
+    return tp.get("generating_s", tp["wall_s"])  # a report made before generating_s: the wall
+
+
+def _measured(gate: dict[str, Any]) -> str:
+    ratio = (f" ({gate['numerator']:,}/{gate['denominator']:,})"
+             if gate.get("denominator") is not None else "")
+    return _fmt(gate["measured"]) + ratio
+
+
+def _allowed(gate: dict[str, Any]) -> str:
+    if gate["name"].startswith("min_"):
+        return f"at least {_fmt(gate['threshold'])}" if gate["threshold"] else "no minimum"
+    return f"at most {_fmt(gate['threshold'])}"
+
+
 def blocks(report: dict[str, Any]) -> list[Block]:
     """Return the report as a list of ``(kind, content)`` blocks: h1/h2/p/table/img."""
     run, shards = report["run"], report["shards"]
@@ -34,9 +69,12 @@ def blocks(report: dict[str, Any]) -> list[Block]:
               f"{', '.join(report['servers']['models']) or '-'}, context length "
               f"{report['servers']['context_length']} (from "
               f"{report['servers']['context_length_from']})."),
+        ("p", f"Dataset card: [{CARD_NAME}]({CARD_NAME}), beside this report: what the data "
+              "is, and how to train on it."),
         ("h2", "Quality gates"),
-        ("table", (["gate", "measured", "threshold", "result", "top contributors"],
-                   [[g["name"], _fmt(g["measured"]), _fmt(g["threshold"]),
+        ("table", (["gate", "what is measured", "measured", "allowed", "result",
+                    "top contributors"],
+                   [[g["name"], GATE_MEANINGS.get(g["name"], "-"), _measured(g), _allowed(g),
                      "pass" if g["passed"] else "FAIL",
                      ", ".join(f"{c['name']} ({c['count']})" for c in g["contributors"]) or "-"]
                     for g in report["gates"]])),
@@ -77,16 +115,19 @@ def blocks(report: dict[str, Any]) -> list[Block]:
         ("p", f"Prompt tokens {tok['prompt_tokens']:,}, completion tokens "
               f"{tok['completion_tokens']:,}; tokenized set {tt['tokens']:,} tokens "
               f"({tt['loss_tokens']:,} in the loss). This run's shards: "
-              f"{tp['output_tokens']:,} output tokens in {tp['wall_s']:,.1f} s = "
-              f"{tp['output_tokens_per_s']:,.1f} tok/s. Retries: "
-              f"{tp['retries']['extra_attempts']} extra attempts on "
-              f"{tp['retries']['prompts_retried']} prompts."),
+              f"{tp['output_tokens']:,} output tokens in {_generating_s(tp):,.1f} s of "
+              f"generation = **{tp['output_tokens_per_s']:,.1f} {TOKENS_PER_S}** (the "
+              f"monitor's figure: shards generating side by side counted once, the time "
+              f"between shards not counted; wall clock, first request to last answer: "
+              f"{tp['wall_s']:,.1f} s). Retries: {tp['retries']['extra_attempts']} extra "
+              f"attempts on {tp['retries']['prompts_retried']} prompts (a conversation's "
+              "later turns are no retries)."),
         # The plot's legend gives the same shares (server_time_shares): one basis for both.
         ("p", describe_server_time(tp)),
         ("img", "throughput.png"),
     ]
     ej = report["servers"]["ejections"]
-    out.append(("table", (["server", "completed", "output tokens", "tok/s", "idle tail s",
+    out.append(("table", (["server", "completed", "output tokens", TOKENS_PER_S, "idle tail s",
                            "ejections"],
                           [[srv, _fmt(v["completed"]), _fmt(v["output_tokens"]),
                             _fmt(v["output_tokens_per_s"]), _fmt(v["idle_tail_s"]),
@@ -140,7 +181,7 @@ def trainer_blocks(report: dict[str, Any]) -> list[Block]:
             ("p", f"The whole run for SpecForge's `data.prompts_path`: {where}. Per shard, for "
                   f"speculators' `prepare-data --data`: `{export['folder_uri']}`. Longest row "
                   f"{_fmt(figures.get('longest_row'))} tokens (the trainers' `max_length`). "
-                  "The dataset card says how to train on it.")]
+                  f"The [dataset card]({CARD_NAME}) says how to train on it.")]
 
 
 def quality_filter_blocks(qf: dict[str, Any]) -> list[Block]:
@@ -209,10 +250,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: A Markdown link to a file beside the report (a plain name: nothing else is linked).
+_LINK = re.compile(r"\[([^\]\[]+)\]\(([A-Za-z0-9_.-]+)\)")
+
+
 def _inline(text: str) -> str:
-    # The only inline markup the blocks use: **bold** and `code`.
+    # The only inline markup the blocks use: **bold**, `code` and [text](file beside it).
     parts = html.escape(text).split("**")
     text = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    text = _LINK.sub(r"<a href='\2'>\1</a>", text)
     parts = text.split("`")
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
@@ -233,10 +279,16 @@ def render_html(report: dict[str, Any]) -> str:
                         + "</tr>" + "".join("<tr>" + "".join(
                             f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
                         + "</table>")
-    style = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
+    # Light or dark as the reader's system is (the Airflow UI follows it too): the browser's
+    # own colours for each, borders that show on both, plots on white (they are drawn so).
+    style = (":root{color-scheme:light dark}"
+             "body{font-family:sans-serif;margin:1.5em;max-width:1400px}"
              "table{border-collapse:collapse;font-size:13px;margin:.5em 0}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             "td:first-child,th:first-child{text-align:left}img{max-width:100%}")
+             "td,th{border:1px solid #8888;padding:2px 6px;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}"
+             "img{max-width:100%;background:#fff}"
+             "@media (prefers-color-scheme:dark){body{background:#16181d;color:#e3e5e8}"
+             "a{color:#8ab4f8}code{color:#f0c674}}")
     title = html.escape(f"Report {report['run']['run_name']}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
             f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

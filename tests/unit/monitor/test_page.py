@@ -127,3 +127,34 @@ def test_a_running_generate_task_says_what_its_files_show(tmp_path) -> None:
     chips = dict(re.findall(r"data-shard='(shard-\d+)' href=[^>]*>(.*?)</a>", live))
     assert "generate Running" in chips["shard-00004"]  # map index 4 is STATE_ORDER's running
     assert FILE_WORDS["no_journal"] in chips["shard-00004"]
+
+
+def test_a_run_that_had_nothing_to_do_says_so_under_its_header(tmp_path) -> None:
+    """Issue 34, item 6: the run's note (plugins/regen_notes.py copies prepare_prompts'
+    sentence there) is the first thing its section shows."""
+    said = ("nothing to do: 2 of 2 shards already complete under run_name 'again'; to make a "
+            "new run, trigger with a new run_name, or with force_regenerate: true")
+    runs = [summarize_run(DAG, {"run_id": f"r{i}", "state": "success", "conf": {
+        "run_name": "again"}, "start_date": f"2026-05-01T1{i}:00:00+00:00", "note": said},
+        [], []) for i in (2, 1)]
+    page, others = attach([], runs)
+    html = render_page({"output_root": str(tmp_path), "runs": page,
+                        "other_airflow_runs": others, "airflow_error": None}, _airflow_words())
+    section = html[html.index("data-run='again'"):]
+    assert section[section.index("</header>"):].startswith(
+        "</header><div class='note' data-key='note'>Note: <span class='msg'>nothing to do: 2 of "
+        "2 shards already complete")
+    assert html.count("data-key='note'>Note: <span class='msg'>nothing to do") == 2  # each run
+
+
+def test_each_report_links_its_dataset_card(tmp_path) -> None:
+    """Issue 34, item 4: the card a training team acts on is one click from the run."""
+    report = LocalStore(tmp_path / "gated")
+    for name, data in (("report.json", b'{"passed": false}'), ("report.html", b"<p>r</p>"),
+                       ("README.md", b"# card")):
+        report.write_new(f"report/gate_run/{name}", data)
+    html = render_page(_state(tmp_path), _airflow_words())
+    gated = html[html.index("data-run='gated'"):]
+    gated = gated[:gated.index("</section>")]
+    assert ("<a data-key='card' href='/regen-monitor/files/gated/report/" in gated
+            and "/README.md' target='_blank'>dataset card</a>" in gated), gated[-1500:]

@@ -71,9 +71,13 @@ def test_a_forced_regeneration_is_its_own_location_and_reports_are_linked(tmp_pa
     main, forced = state["locations"]
     assert main["location"] == "." and main["shards_done"] == 0 and main["shards_left"] == 1
     assert forced["location"] == "regenerations/manual_1" and forced["shards_done"] == 1
+    # Issue 34, item 4: the dataset card beside the report, one click from the run.
     assert forced["reports"] == [{"airflow_run_id": "manual_1", "passed": True,
                                   "key": "syn/regenerations/manual_1/report/manual_1/"
-                                         "report.html"}]
+                                         "report.html",
+                                  "card": "syn/regenerations/manual_1/report/manual_1/"
+                                          "README.md"}]
+    assert is_report_file(forced["reports"][0]["card"])  # and the page's route serves it
 
 
 # --- tokens/s and ETA from the journals' own clock -------------------------------------------

@@ -80,3 +80,31 @@ def test_a_plan_past_the_map_limit_says_which_shard_ranges_to_run(settings) -> N
     assert "shard_range '3-1026', then '1027-1702'" in text
     assert "AIRFLOW__CORE__MAX_MAP_LENGTH to at least 1700" in text
     check_map_length(settings, todo[:1024], 1703, limit=1024)  # at the limit: fine
+
+
+def test_a_run_with_every_shard_complete_says_there_is_nothing_to_do(settings, tmp_path,
+                                                                     caplog) -> None:
+    """Issue 34, item 6: re-triggered with the same run_name and every shard complete, the
+    run said nothing and ended green; check_settings and prepare_prompts now say why, and
+    the sentence is handed on for the run's note."""
+    from include.pipeline.check_settings import check_settings
+
+    first = plan_run(settings, "run-1")
+    store = LocalStore(settings.run_uri)
+    told: list[str] = []
+    assert plan_run(settings, "run-2", say=told.append) == first and told == []  # work left
+    for entry in first:
+        store.write_new(f"tokenized/{entry['shard_id']}.manifest.json", b"{}")
+    caplog.set_level("WARNING")
+    assert plan_run(settings, "run-3", say=told.append) == []
+    n = len(first)
+    assert told == [f"nothing to do: {n} of {n} shards already complete under run_name 'r' "
+                    f"({settings.run_uri}); to make a new run, trigger with a new run_name, or "
+                    "with force_regenerate: true to generate these shards again in a new folder"]
+    assert told[0] in caplog.text
+    caplog.clear()
+    check_settings(settings.to_dict(), settings.deployment)
+    assert f"nothing to do: {n} of {n} shards already complete" in caplog.text
+    caplog.clear()
+    check_settings({**settings.to_dict(), "force_regenerate": True}, settings.deployment)
+    assert "nothing to do" not in caplog.text  # a new folder: every shard runs

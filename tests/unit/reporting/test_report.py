@@ -162,3 +162,60 @@ def test_gate_lines_are_worded_for_their_direction() -> None:
                              "required; short: gamma: 3")
     cap = GateResult("max_truncation_rate", 0.2, 0.05, True, 1, 20)
     assert cap.message == "ok max_truncation_rate: measured 0.05 (1/20), at most 0.2 allowed"
+
+
+def test_a_conversations_later_turns_are_no_retries() -> None:
+    """Issue 34, item 5: under turns: all a conversation's attempts are its turns' sum; the
+    report counted turns 2..n as retries ("68 extra attempts", every shard log 0 retries)."""
+    from include.reporting.facts import completion
+
+    def conversation(attempts_per_turn: list[int]) -> dict:
+        return {"id": "c:0", "source": "c", "finish_reason": "stop",
+                "turn_results": [{"usage": {"completion_tokens": 5}}] * len(attempts_per_turn),
+                "timings": {"attempts": sum(attempts_per_turn), "finished_at": 10.0}}
+
+    assert completion(conversation([1, 1, 1])).attempts == 1  # three requests, no retry
+    assert completion(conversation([1, 2, 1])).attempts == 2  # one retry
+    single = {"id": "s:0", "finish_reason": "stop", "timings": {"attempts": 3}}
+    assert completion(single).attempts == 3
+
+
+def test_tokens_per_s_is_the_monitors_figure_and_name() -> None:
+    """Issue 34, item 5: the report divided by the run's wall clock, the monitor by the time
+    shards were generating; with gaps between short shards they differed by ~60%."""
+    from include.monitor import page
+    from include.monitor.runs import generation_average
+    from include.reporting import render
+    from include.reporting.collect import ShardFacts
+    from include.reporting.facts import Completion
+    from include.reporting.throughput import throughput
+
+    def shard(sid: str, start: float) -> ShardFacts:
+        # 10 s of generation, 100 tokens a second, then a 15 s gap before the next shard.
+        comps = [Completion("a", "stop", 10, 100, "s1", "m", start + i + 1, 1.0, 1)
+                 for i in range(10)]
+        return ShardFacts(sid, reused=False, completions=comps)
+
+    produced = [shard("shard-00000", 0.0), shard("shard-00001", 25.0)]
+    tp = throughput(produced)
+    assert tp["wall_s"] == 35.0 and tp["generating_s"] == 20.0
+    assert tp["output_tokens_per_s"] == 100.0 == generation_average(
+        [(0.0, 10.0, 1000), (25.0, 35.0, 1000)])
+    assert render.TOKENS_PER_S == page.TOKENS_PER_S
+
+
+def test_the_report_page_links_its_card_explains_its_gates_and_follows_dark_mode(
+        store, settings) -> None:
+    """Issue 34, items 4 and 8."""
+    write_run(store, SHARDS)
+    _report(store, settings)
+    html = store.read(report_prefix("r1") + "report.html").decode()
+    assert "<a href='README.md'>README.md</a>" in html  # the card, beside this file
+    assert "<a href='README.md'>dataset card</a>" in html
+    assert store.exists(report_prefix("r1") + "README.md")  # what the links open
+    assert ":root{color-scheme:light dark}" in html and "prefers-color-scheme:dark" in html
+    row = html[html.index("<td>all_shards_complete</td>"):]
+    row = row[:row.index("</tr>")]
+    assert row == ("<td>all_shards_complete</td><td>shards of the run with no generated or "
+                   "tokenized output</td><td>0</td><td>at most 0</td><td>pass</td><td>-</td>")
+    assert "<td>0.13 (8/60)</td><td>at most 1.00</td>" in html  # truncation: 8 of 60
