@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 PLAN_CHUNK = 256
 #: Retry reason of requests taken back from an ejected server.
 SERVER_EJECTED = "server_ejected"
+#: How often the progress loop looks for the first answers: its first line follows them
+#: within this (progress lines only).
+FIRST_ANSWER_POLL_S = 0.25
 
 
 class _Run(ConversationSteps):
@@ -388,8 +391,16 @@ class _Run(ConversationSteps):
         asyncio.get_running_loop().call_later(delay, requeue)
 
     # --- progress ------------------------------------------------------------------------
-    async def _progress_loop(self) -> None:  # a line once requests are out, then per interval
-        await asyncio.sleep(min(1.0, self.cfg.progress_interval_s))
+    async def _progress_loop(self) -> None:
+        """The first line soon after the first answers (so it has a rate and an ETA; a line
+        at 1 s said "0/20" and short shards then said nothing until done, issue 34), or after
+        one interval if no answer comes; then one line per interval."""
+        first = (self.tally.completed_here, self.tally.output_tokens)
+        waited = 0.0
+        while ((self.tally.completed_here, self.tally.output_tokens) == first
+               and waited < self.cfg.progress_interval_s):
+            await asyncio.sleep(FIRST_ANSWER_POLL_S)
+            waited += FIRST_ANSWER_POLL_S
         while True:
             self._log_progress()
             await asyncio.sleep(self.cfg.progress_interval_s)
