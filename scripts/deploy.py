@@ -141,6 +141,8 @@ class Tier:
             "s3_password": secrets.token_hex(16),
             "sglang_api_key": secrets.token_hex(16),
         }
+        for login in ("user", "viewer"):  # added later: a tier made before gets them now
+            kept.setdefault(f"{login}_password", secrets.token_urlsafe(12))
         names = ["postgres", "redis", "s3", "ssh", "scheduler_health", "triggerer_logs",
                  *(f"{w}_logs" for w in WORKERS)]
         base = free_port_block(len(names) + len(GPUS))
@@ -292,8 +294,10 @@ class Tier:
         from sglang_standin.tokenizer import build_chat_tokenizer
 
         build_chat_tokenizer(self.model_dir, context_length=8192)
-        log("airflow db migrate, admin user (compose's airflow-init)")
+        services = time.monotonic() - t0
+        log("airflow db migrate, logins (compose's airflow-init)")
         self._init_airflow()
+        init = time.monotonic() - t0 - services
         self._log_sizes = {w: _size(self.procs.log(w)) for w in WORKERS}
         started = time.time()
         for name in COMMANDS:
@@ -301,7 +305,10 @@ class Tier:
         # The same checks as compose's healthchecks, where an HTTP one exists.
         for name in COMMANDS:
             self.wait_component_healthy(name, since=self._log_sizes.get(name, 0), after=started)
-        log(f"all components up in {time.monotonic() - t0:.0f} s")
+        total = time.monotonic() - t0
+        # Each part, so a slow start says where (a busy machine slows every Airflow start-up).
+        log(f"all components up in {total:.0f} s (services {services:.0f} s, database and logins "
+            f"{init:.0f} s, Airflow's components {total - services - init:.0f} s)")
 
     def start_component(self, name: str) -> int:
         """Start one Airflow component (again); return its pid."""
@@ -371,25 +378,27 @@ class Tier:
             f.write(done.stdout + done.stderr)
         if done.returncode:
             raise DeployError(f"airflow db migrate failed:\n{(done.stdout + done.stderr)[-3000:]}")
-        c = self.config
-        # `--password=` joined: a token_urlsafe password starts with "-" once in 64, and
-        # argparse would take it for an option (the init then fails on a good password).
-        done = self._airflow("users", "create", "--username", c["admin_user"],
-                             f"--password={c['secrets']['admin_password']}", "--role", "Admin",
-                             "--email",
-                             "admin@localhost", "--firstname", "Admin", "--lastname", "User")
-        out = done.stdout + done.stderr
-        with open(self.procs.log("airflow-init"), "a") as f:
-            f.write(out)
-        if done.returncode and "already exist" not in out:
-            raise DeployError(f"creating the admin user failed:\n{out[-3000:]}")
-        done = self._airflow("roles", "add-perms", *PLUGIN_VIEW_ROLES, "-r", "Plugins", "-a",
-                             "can_read")
+        # The logins and the monitor's grant in one process: what compose's airflow-init does
+        # with `users create` and `roles add-perms`, without two more Airflow start-ups
+        # (~6 s each on an idle 2-core machine, 20 s on a busy one).
+        spec = {"logins": self.logins(), "plugin_view_roles": list(PLUGIN_VIEW_ROLES)}
+        done = subprocess.run([str(Path(AIRFLOW).with_name("python")), "-c", _LOGINS],
+                              input=json.dumps(spec),
+                              env=self.component_environment("init"), cwd=self.state,
+                              capture_output=True, text=True, check=False)
         with open(self.procs.log("airflow-init"), "a") as f:
             f.write(done.stdout + done.stderr)
         if done.returncode:
-            raise DeployError(f"letting {PLUGIN_VIEW_ROLES} see the run monitor failed:\n"
-                              f"{(done.stdout + done.stderr)[-3000:]}")
+            raise DeployError(f"creating the logins, or letting {PLUGIN_VIEW_ROLES} see the run "
+                              f"monitor, failed:\n{(done.stdout + done.stderr)[-3000:]}")
+
+    def logins(self) -> list[dict[str, str]]:
+        """Return the tier's logins: the admin, and a User and a Viewer to try the UI as a
+        person who triggers runs, or only reads them, would."""
+        c = self.load()
+        return [{"username": name, "role": role, "password": c["secrets"][f"{key}_password"]}
+                for name, role, key in ((c["admin_user"], "Admin", "admin"),
+                                        ("user", "User", "user"), ("viewer", "Viewer", "viewer"))]
 
     def status(self) -> dict[str, int | None]:
         return {name: self.procs.pid(name) for name in self.procs.names()}
@@ -408,6 +417,33 @@ class Tier:
         self.procs.stop("postgres", signal.SIGINT)  # SIGINT: Postgres's fast shutdown
         for name in self.procs.names():  # anything else a test started under this tier
             self.procs.stop(name)
+
+
+#: Run with the tier's Airflow environment, the logins as JSON on stdin: creates each login
+#: that does not exist yet and grants the roles the plugins list (the monitor's menu entry),
+#: as `airflow users create` and `airflow roles add-perms` do (FAB's own calls).
+_LOGINS = """
+import json, sys
+from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+spec = json.load(sys.stdin)
+with get_application_builder() as appbuilder:
+    sm = appbuilder.sm
+    for u in spec["logins"]:
+        if sm.find_user(u["username"]):
+            print(f"{u['username']} already exists")
+        elif not sm.add_user(u["username"], u["username"].title(), "User",
+                             f"{u['username']}@localhost", sm.find_role(u["role"]),
+                             u["password"]):
+            sys.exit(f"creating the login {u['username']} failed")
+        else:
+            print(f"created {u['username']} ({u['role']})")
+    grant = sm.create_permission("can_read", "Plugins")
+    for name in spec["plugin_view_roles"]:
+        role = sm.find_role(name)
+        if grant not in role.permissions:
+            sm.add_permission_to_role(role, grant)
+            print(f"{name} may read Plugins")
+"""
 
 
 def remove_database(tier: Tier) -> None:
@@ -437,12 +473,12 @@ def _size(path: Path) -> int:
 
 
 def _summary(tier: Tier) -> str:
-    c = tier.load()
     conf = tier.state / "run-conf.json"
     conf.write_text(json.dumps(tier.run_conf(), indent=2) + "\n")
     return "\n".join([
-        f"Airflow UI:  {tier.url}  (login {c['admin_user']} / "
-        f"{c['secrets']['admin_password']})",
+        f"Airflow UI:  {tier.url}  (logins: "
+        + ", ".join(f"{u['username']} / {u['password']} ({u['role']})" for u in tier.logins())
+        + ")",
         f"DAG:         {DAG_ID} (paused until you unpause it, as in compose); the trigger "
         "form's defaults run on the stand-ins",
         f"run monitor: {tier.url}/regen-monitor/ (Browse -> Drafter data runs)",
