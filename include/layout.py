@@ -33,6 +33,11 @@ SHARD_MANIFEST_SUFFIX = ".manifest.json"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 REPORT_MARKDOWN = "report.md"
+#: The held-out split (``include/prompts/held_out.py``): prompts no training export holds,
+#: kept for measuring a drafter on the run's own data (the ``evaluate_drafter`` DAG).
+EVAL_PREFIX = "eval"
+EVAL_PROMPTS_KEY = f"{EVAL_PREFIX}/prompts.jsonl"
+EVAL_MANIFEST_KEY = f"{EVAL_PREFIX}/manifest.json"
 #: The dataset card's file name (Hugging Face's dataset-card convention).
 CARD_NAME = "README.md"
 

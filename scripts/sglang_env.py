@@ -87,14 +87,19 @@ def model_dir(seed: int = 0) -> Path:
 
 
 def finished_requests(logs: list[Path]) -> list[dict]:
-    """Return the ``request.finished`` records of SGLang's JSON request log in server logs."""
+    """Return the ``request.finished`` records of SGLang's JSON request log in server logs.
+
+    Less the server's own ``/health_generate`` probes (``rid`` ``HEALTH_CHECK_...``, one
+    input id): they are no request of a run.
+    """
     records = []
     for log in logs:
         for line in log.read_text(errors="replace").splitlines():
             start = line.find('{"timestamp"')
             if start >= 0 and '"request.finished"' in line:
                 record = json.loads(line[start:])
-                if record.get("event") == "request.finished":
+                if (record.get("event") == "request.finished"
+                        and not str(record.get("rid", "")).startswith("HEALTH_CHECK")):
                     records.append(record)
     return records
 

@@ -1,10 +1,10 @@
 """The held-out split of a dataset run: ``<run>/eval/prompts.jsonl`` + ``eval/manifest.json``.
 
-Written by the prepare stage (issue 36, item 1); each line is a prompt record of the same
-schema as the run's prompt shards (``id``, ``source``, ``messages``, ``metadata``, maybe
-``turns`` / ``call_format``). The manifest names at least ``split``, ``seed``, ``per_source``
-and ``count``; both are checked against each other, so a truncated file is not measured as if
-it were the split.
+Written by the prepare stage (``include/prompts/held_out.py``); each line is a prompt record
+of the same schema as the run's prompt shards (``id``, ``source``, ``messages``, ``metadata``,
+maybe ``turns`` / ``call_format``). The manifest names at least ``split``, ``seed``,
+``per_source`` and ``count``; both are checked against each other, so a truncated file is not
+measured as if it were the split.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from include.layout import EVAL_MANIFEST_KEY as MANIFEST_KEY
+from include.layout import EVAL_PROMPTS_KEY as PROMPTS_KEY
 from include.storage import Store
 
-PROMPTS_KEY = "eval/prompts.jsonl"
-MANIFEST_KEY = "eval/manifest.json"
 _MANIFEST_KEYS = ("split", "seed", "per_source", "count")
 
 
@@ -59,7 +59,11 @@ def load_split(store: Store) -> EvalSplit:
         if not isinstance(record.get("id"), str) or not isinstance(record.get("messages"), list):
             raise SplitError(f"{store.uri(PROMPTS_KEY)}: a record without id or messages")
         counted[record.get("source", "")] = counted.get(record.get("source", ""), 0) + 1
-    if len(prompts) != manifest["count"] or counted != manifest["per_source"]:
+    expected = {k: v for k, v in manifest["per_source"].items() if v}  # a source gave none
+    if not prompts:
+        raise SplitError(f"{store.uri(MANIFEST_KEY)}: the held-out split is empty (the run was "
+                         "prepared with held_out_per_source 0, or its sources were too small)")
+    if len(prompts) != manifest["count"] or counted != expected:
         raise SplitError(
             f"{store.uri(PROMPTS_KEY)} holds {len(prompts)} prompts {counted}, its manifest "
             f"says {manifest['count']} {manifest['per_source']}: refusing a partial split")

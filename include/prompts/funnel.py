@@ -30,6 +30,7 @@ DROP_REASONS = (
     "duplicate_within_source",
     "duplicate_across_sources",
     "over_quota",
+    "held_out",  # not dropped: kept out of training for the held-out split (eval/)
 )
 SAMPLE_IDS_PER_REASON = 5
 
@@ -78,10 +79,12 @@ def build_manifest(
     funnels: list[SourceFunnel],
     shards: list[dict[str, Any]],
     control: ControlTokens | str | None = None,
+    held_out: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the prepare stage's manifest: its settings, the funnel and the shard list.
 
-    ``control``: the control-token rule applied, or why none could be (a string).
+    ``control``: the control-token rule applied, or why none could be (a string);
+    ``held_out``: the held-out split's summary (``held_out.write_held_out``).
     """
     return {
         "stage": "prepare",
@@ -96,7 +99,9 @@ def build_manifest(
             "read": sum(f.read for f in funnels),
             "kept": sum(f.kept for f in funnels),
             "dropped": sum(sum(f.dropped.values()) for f in funnels),
+            "held_out": sum(f.dropped["held_out"] for f in funnels),
         },
+        "held_out": held_out or {"count": 0},
         "shard_size": settings.shard_size,
         "shards": shards,
     }

@@ -31,6 +31,7 @@ from include.prompts.dedupe import Kept, KeySet, dedupe, load_existing_keys
 from include.prompts.encoding import encode_record
 from include.prompts.errors import PrepareError
 from include.prompts.funnel import DROP_REASONS, SourceFunnel, build_manifest, format_funnel
+from include.prompts.held_out import hold_out, write_held_out
 from include.prompts.readers import resolve_files
 from include.prompts.shards import (
     apply_quota,
@@ -114,14 +115,14 @@ def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
     )
     control = control_tokens(settings)
     if isinstance(control, str):
-        log.warning("prepare: rows holding the target's control tokens cannot be dropped, the "
-                    "tokenizer does not load here (%s); set tokenizer_path to a tokenizer the "
-                    "workers can read", control)
+        log.warning("prepare: rows holding the target's control tokens cannot be dropped: %s; "
+                    "set tokenizer_path to a tokenizer the workers can read", control)
     existing = load_existing_keys(settings)
     seen_keys = KeySet()
     funnels: list[SourceFunnel] = []
     with tempfile.TemporaryDirectory(prefix="prepare-") as tmp:
         kept: list[Kept] = []
+        held: list[tuple[str, list[bytes]]] = []
         selected: list[Sequence[int]] = []
         sources = settings.sources
         sizes = [_source_bytes(source) for source in sources]
@@ -135,7 +136,9 @@ def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
             source, funnel = sources[si], candidates.funnel
             kept.append(dedupe(candidates, existing, seen_keys))
             del candidates  # its keys live on in seen_keys only where kept
-            selected.append(apply_quota(source, funnel, len(kept[si].starts), settings.seed))
+            available, lines = hold_out(kept[si], source, settings, funnel)
+            held.append((source.name, lines))
+            selected.append(apply_quota(source, funnel, available, settings.seed))
             funnel.check()
             funnels.append(funnel)
             log.info(
@@ -150,15 +153,18 @@ def _prepare(settings: RunSettings, store: Store | None) -> dict[str, Any]:
         del selected
         n_shards = plan_shards(len(order), settings.shard_size)
         shards = write_shards(store, kept, order, settings.shard_size, n_shards)
+    held_out = write_held_out(store, settings, held)
 
-    manifest = build_manifest(settings, unit, funnels, shards, control)
+    manifest = build_manifest(settings, unit, funnels, shards, control, held_out)
     store.write_new(MANIFEST_KEY, json.dumps(manifest, indent=2).encode() + b"\n")
     log.info("prepare funnel:\n%s", format_funnel(manifest))
     log.info(
-        "prepare: wrote %d prompts in %d shards to %s",
+        "prepare: wrote %d prompts in %d shards to %s; %d held out for evaluation in %s",
         manifest["totals"]["kept"],
         len(shards),
         store.uri(PROMPTS_PREFIX),
+        held_out["count"],
+        store.uri(held_out["key"]),
     )
     return manifest
 

@@ -31,16 +31,16 @@ log = logging.getLogger(__name__)
 
 
 def apply_quota(
-    source: SourceSettings, funnel: SourceFunnel, n_kept: int, seed: int
+    source: SourceSettings, funnel: SourceFunnel, available: Sequence[int], seed: int
 ) -> Sequence[int]:
-    """Return the indices of the kept prompts the source's quota selects (a seeded sample)."""
-    # A range, not a list: no Python int per kept prompt (sample draws the same from both).
-    indices = range(n_kept)
-    if source.quota is None or source.quota >= n_kept:
-        return indices
+    """Return the indices of ``available`` kept prompts the source's quota selects (a seeded
+    sample; all of them without a quota)."""
+    if source.quota is None or source.quota >= len(available):
+        return available
     rng = random.Random(f"{seed}:{source.name}")
-    chosen = sorted(rng.sample(indices, source.quota))
-    dropped = n_kept - source.quota
+    # sample draws the same positions from a range as from a list of the same length.
+    chosen = sorted(rng.sample(available, source.quota))
+    dropped = len(available) - source.quota
     funnel.dropped["over_quota"] += dropped
     funnel.kept -= dropped
     return chosen

@@ -224,6 +224,16 @@ def _funnel_lines(report: dict[str, Any]) -> list[str]:
         f"{tt['truncated_to_max_length']:,} truncated to the maximum length.", ""]
 
 
+def _held_out_line(prompts_manifest: Mapping[str, Any]) -> str:
+    held = prompts_manifest.get("held_out") or {}
+    if not held.get("count"):
+        return ("- Held-out split: none (`held_out_per_source` 0, or sources too small); "
+                "a drafter trained on this run cannot be measured on its own data")
+    per = ", ".join(f"{s} {n:,}" for s, n in held.get("per_source", {}).items())
+    return (f"- Held-out split: {held['count']:,} prompts ({per}) in `{held['key']}`, in no "
+            "training export: measure drafters on them (the `evaluate_drafter` DAG)")
+
+
 def _text_rule_lines(prompts_manifest: Mapping[str, Any]) -> list[str]:
     """What the prepare stage did with dataset text the target would misread, and how often."""
     sources = prompts_manifest.get("sources", {})
@@ -322,7 +332,8 @@ def render_card(
         f"- Preparation fingerprint: "
         f"`{prompts_manifest.get('preparation_fingerprint') or NOT_REPORTED}`",
         f"- Settings fingerprint: `{fingerprint or FINGERPRINT_PLACEHOLDER}`",
-        f"- Quality gates: {'passed' if report['passed'] else 'FAILED'}", "",
+        f"- Quality gates: {'passed' if report['passed'] else 'FAILED'}",
+        _held_out_line(prompts_manifest), "",
         *_model_lines(report, settings, servers),
         *_sampling_lines(settings),
         *_source_lines(used),

@@ -56,6 +56,11 @@ class RunSettings(BaseModel):
                          "Prompts per shard (one mapped task each; its completions are held "
                          "in memory).", 1000, ge=1, le=20000)
     seed: int = _s("Preparation", "Seed", "Seed for quota sampling and shard order.", 0, ge=0)
+    held_out_per_source: int = _s(
+        "Preparation", "Held-out prompts per source",
+        "Prompts of each source and sampling variant kept out of training, under the run's "
+        "eval/, to measure drafters on (the evaluate_drafter DAG); at most a tenth of a "
+        "source's prompts. 0: no held-out split.", 50, ge=0, le=100000)
     min_prompt_length: int = _s(
         "Preparation", "Minimum prompt length",
         "Shorter prompts are dropped (tokens with a tokenizer, characters otherwise).", 1, ge=0)
@@ -385,7 +390,8 @@ class RunSettings(BaseModel):
 
 #: Settings (and source keys) added later, at the value their absence meant before.
 NEUTRAL_VALUES: dict[str, Any] = {
-    "turns": "first", "sampling_variants": SamplingVariants().model_dump(mode="json")}
+    "turns": "first", "sampling_variants": SamplingVariants().model_dump(mode="json"),
+    "held_out_per_source": 0}
 NEUTRAL_SOURCE_VALUES: dict[str, Any] = {"turns": None}
 
 #: Settings that decide which prompts exist and how they are sharded; equal fingerprints mean
@@ -395,6 +401,7 @@ PREPARATION_SETTINGS = (
     "dedupe_against",
     "shard_size",
     "seed",
+    "held_out_per_source",
     "min_prompt_length",
     "max_prompt_length",
     "tokenizer_path",

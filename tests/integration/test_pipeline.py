@@ -193,6 +193,29 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
         "</think>")
     _rows_are_the_sampled_ids(run, prompts, sampled_dir, think_close)
     _the_card_loads_the_dataset(run, prompts)
+    _no_export_holds_a_held_out_prompt(run, prompts)
+
+
+def _no_export_holds_a_held_out_prompt(run: dict[str, bytes], prompts: dict) -> None:
+    """The run kept a held-out split (the default), and no training export holds one of its
+    prompts: not a shard, a completion, a parquet row, a trainer export or a conversation."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    held = [json.loads(line) for line in run["runs/expansion_v1/eval/prompts.jsonl"].splitlines()]
+    assert len(held) == prompts["held_out"]["count"] >= 5
+    held_ids = {r["id"] for r in held}
+    exported: set[str] = set()
+    for key, data in run.items():
+        rel = key.removeprefix("runs/expansion_v1/")
+        if rel.endswith(".parquet"):
+            exported |= set(pq.read_table(io.BytesIO(data)).column("id").to_pylist())
+        elif rel.endswith(".jsonl") and not rel.startswith(("eval/", "journal/")):
+            exported |= {json.loads(line).get("id") for line in data.splitlines() if line}
+    assert exported and not held_ids & exported
+    card = run["runs/expansion_v1/README.md"].decode()
+    assert f"Held-out split: {len(held)} prompts" in card
 
 
 def _the_card_loads_the_dataset(run: dict[str, bytes], prompts: dict) -> None:
