@@ -72,6 +72,14 @@ def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
     )
 
 
+def open_outputs_store(settings: RunSettings, run_id: str, run_store: Store) -> Store:
+    """Return the store of this run's outputs: ``run_store`` itself when they are the run's
+    own location (no ``force_regenerate``), so the location and credentials lines are logged
+    once, not twice (issue 34)."""
+    outputs = outputs_uri(settings, run_id)
+    return run_store if outputs == settings.run_uri else open_run_store(settings, outputs)
+
+
 @contextmanager
 def fail_without_retry(*errors: type[BaseException]) -> Iterator[None]:
     """Turn ``errors`` (and SettingsError) into a task failure that Airflow does not retry.

@@ -13,7 +13,13 @@ from typing import Any
 
 from include.layout import shard_index
 from include.pipeline.airflow_state import max_map_length
-from include.pipeline.binding import bind, fail_without_retry, open_run_store, outputs_uri
+from include.pipeline.binding import (
+    bind,
+    fail_without_retry,
+    open_outputs_store,
+    open_run_store,
+    outputs_uri,
+)
 from include.prompts.plan import PERMANENT_ERRORS, prepare_or_reuse, select_shards
 from include.settings import RunSettings, SettingsError
 
@@ -91,9 +97,10 @@ def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1,
     One ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run (``wait_for``: see
     ``stagger``). With no shard to run, the reason is logged and passed to ``say``.
     """
-    manifest = prepare_or_reuse(settings, open_run_store(settings))
+    run_store = open_run_store(settings)
+    manifest = prepare_or_reuse(settings, run_store)
     outputs = outputs_uri(settings, run_id)
-    plan = select_shards(settings, manifest, open_run_store(settings, outputs))
+    plan = select_shards(settings, manifest, open_outputs_store(settings, run_id, run_store))
     check_map_length(settings, plan["shards"], plan["total_shards"])
     log.info("outputs of this run go to %s", outputs)
     idle = nothing_to_do(settings, plan)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.layout import MANIFEST_KEY, shard_id
-from include.pipeline.binding import bind, fail_without_retry, open_run_store, outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, open_outputs_store, open_run_store
 from include.reporting.asset import (
     DATASET_ALIAS,
     asset_event_extra,
@@ -44,7 +44,7 @@ def report_run(settings: RunSettings, produced: list[str], run_id: str,
                 if manifest["shards"][n]["count"]]
     done = set(produced)
     reused = [s for s in selected if s not in done]
-    outputs = open_run_store(settings, outputs_uri(settings, run_id))
+    outputs = open_outputs_store(settings, run_id, run_store)
     return build_report(settings, run_store, outputs, produced, reused, run_id=run_id,
                         launch=launch, settings_fingerprint=settings_fingerprint)
 

@@ -108,3 +108,16 @@ def test_a_run_with_every_shard_complete_says_there_is_nothing_to_do(settings, t
     caplog.clear()
     check_settings({**settings.to_dict(), "force_regenerate": True}, settings.deployment)
     assert "nothing to do" not in caplog.text  # a new folder: every shard runs
+
+
+def test_the_run_location_is_opened_and_logged_once(settings, caplog) -> None:
+    """Issue 34, item 8: prepare_prompts (and report) opened the run's location twice, once
+    for the prompts and once for the outputs, logging the location and credentials twice."""
+    caplog.set_level("INFO", logger="include.storage")
+    plan_run(settings, "run-1")
+    opened = [r.getMessage() for r in caplog.records if r.getMessage().startswith(
+        "output location ")]
+    assert len(opened) == 1, opened
+    caplog.clear()
+    plan_run(_changed(settings, force_regenerate=True), "manual__2")  # two locations: two lines
+    assert len([r for r in caplog.records if r.getMessage().startswith("output location ")]) == 2
