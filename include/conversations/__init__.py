@@ -31,7 +31,7 @@ adaptive window full with turns of many conversations, one turn per conversation
    (``previous`` = ``state.turns[-1].result.server``); send.
 3. On a completion: ``state = after_turn(state, result)``; journal ``turn_record(state)``;
    if not ``state.finished`` the conversation waits again for its next turn. On a final
-   failure (after ``generation.retry``): ``end_conversation(state, "failed", ...)``.
+   failure (after ``engine.retry``): ``end_conversation(state, "failed", ...)``.
 4. A conversation that ended is journaled once, as its final record
    (``records.conversation_record``: its turns and its end; ``end.retryable`` when a re-run
    could succeed); ``count_ends`` counts the ends for the summary. The tokenization stage

@@ -2,7 +2,7 @@
 
 A turn goes to the server that answered the conversation's previous turn: its radix cache
 holds the history, so only the new turns cost prefill. It moves when that server cannot
-serve it well: resting or ejected (``generation.pool`` states), gone from the pool, or far
+serve it well: resting or ejected (``engine.pool`` states), gone from the pool, or far
 busier than the least-loaded server in rotation (its window load, in-flight / window, above
 the least-loaded one's by more than ``busier_by``). A first turn goes to the least-loaded
 server. Each move carries its reason, for the counters.
@@ -29,13 +29,9 @@ class Placement(StrEnum):
     BUSIER = "busier"
 
 
-#: The placements that moved a turn off its conversation's server (the moves counted).
-MOVES = (Placement.RESTING, Placement.EJECTED, Placement.GONE, Placement.BUSIER)
-
-
 @dataclass(frozen=True)
 class ServerView:
-    """What affinity needs of one server (``generation.pool.ServerState``): its url, state,
+    """What affinity needs of one server (``engine.pool.ServerState``): its url, state,
     in-flight requests, window and free room."""
 
     url: str

@@ -42,7 +42,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 @dataclass(frozen=True)
 class TurnResult:
-    """What the server returned for one turn (the fields of ``generation.client.ChatResult``)."""
+    """What the server returned for one turn (the fields of ``engine.client.ChatResult``)."""
 
     text: str | None
     finish_reason: str | None

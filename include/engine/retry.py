@@ -2,7 +2,7 @@
 
 ``decide_retry`` takes the request's result, what the prompt has used so far (the failures
 charged to it, whether its budget was corrected already) and the engine config, and returns
-one verdict; the engine (``engine.py``) carries it out. No event loop, clock or randomness:
+one verdict; the engine (``engine.dispatch``) carries it out. No event loop, clock or randomness:
 the engine adds jitter to the delay and counts the retries.
 
 =============  ==============================================================================

@@ -1,6 +1,6 @@
 """The engine's steps for whole conversations (``turns: all``); ``conversing`` decides.
 
-A mixin of ``engine._Run``: a conversation is one engine item that comes back after each
+A mixin of ``engine.dispatch._Run``: a conversation is one engine item that comes back after each
 turn with its next request (``_plan_turn``) until its chain ends (``_finish_conversation``).
 """
 

@@ -42,7 +42,7 @@ def trusted_outputs_uri(settings: RunSettings, run_id: str | None, given: Any) -
 
     ``given`` is the plan entry's ``outputs_uri`` (XCom, which can be edited): it is only
     compared, never opened, and any other location is refused (XComMismatchError, before a
-    byte is written), as server identifiers are (``servers.report.trusted_spec``).
+    byte is written), as server identifiers are (``servers.launch_report.trusted_spec``).
     """
     from include.servers.launch_report import XComMismatchError
 

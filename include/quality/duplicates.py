@@ -33,18 +33,6 @@ def _permutations() -> tuple[object, object]:
     return a, b
 
 
-def shingles(answer: str, size: int) -> frozenset[str]:
-    """Return the answer's word ``size``-grams, lowercased, white space folded."""
-    words = answer.lower().split()
-    return frozenset(" ".join(words[i: i + size]) for i in range(max(len(words) - size + 1, 1)))
-
-
-def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    """Return |a & b| / |a | b| (0.0 for two empty sets)."""
-    union = len(a | b)
-    return len(a & b) / union if union else 0.0
-
-
 def shingle_hashes(words: Sequence[str], size: int, memo: dict[str, int] | None = None
                    ) -> object:
     """Return the sorted distinct 64-bit hashes of the word ``size``-grams (numpy uint64).

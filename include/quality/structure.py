@@ -19,7 +19,6 @@ import re
 from include.quality.parts import Parts
 
 _TOOL_OPEN = "<tool_call>"
-_TOOL_CLOSE = "</tool_call>"
 _TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1[ \t]*$", re.DOTALL | re.MULTILINE)
 

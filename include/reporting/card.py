@@ -253,7 +253,7 @@ def _text_rule_lines(prompts_manifest: Mapping[str, Any]) -> list[str]:
     else:
         rule = ("Control tokens: NOT checked, the target's tokenizer did not load at "
                 f"preparation ({control.get('unchecked', NOT_REPORTED)}).")
-    return ["### Hostile text", "", rule,
+    return ["### Hostile text", "", rule, "",
             f"{count('malformed'):,} rows dropped as `malformed` (among them text, ids or "
             "metadata holding invalid unicode); "
             f"{count('empty'):,} as `empty` (a prompt or user turn of white space or invisible "

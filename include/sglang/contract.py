@@ -30,7 +30,7 @@ HEALTH_PROBE_TIMEOUT_FLOOR_S = 5.0
 class Failure(StrEnum):
     """How a call failed before any HTTP answer (``Answer.failure``).
 
-    The same words as a request's ``generation.client.ErrorKind`` for these three, so a
+    The same words as a request's ``engine.client.ErrorKind`` for these three, so a
     failure reads one way in the journal, the logs and the monitor.
     """
 
