@@ -55,6 +55,9 @@ from include.layout import (
     TOKENIZED_PREFIX,
 )
 from include.monitor.states import FILE_WORDS
+
+# The one definition of tokens/s, the report's (issue 34): re-exported for the page's callers.
+from include.reporting.throughput import generation_average, generation_span
 from include.servers.launch_report import own_server_url
 from include.sglang import sync as sglang_sync
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
@@ -384,11 +387,7 @@ def _generated_facts(manifest: dict[str, Any]) -> tuple[dict[str, int], Any]:
               "truncated": int(manifest.get("truncated") or 0),
               PromptStatus.SKIPPED: c[PromptStatus.SKIPPED],
               PromptStatus.FAILED: c[PromptStatus.FAILED]}
-    g = manifest.get("generation") or {}
-    span = None
-    if g.get("started_at") and g.get("finished_at"):
-        span = (float(g["started_at"]), float(g["finished_at"]), int(g.get("output_tokens") or 0))
-    return counts, span
+    return counts, generation_span(manifest)
 
 
 def _tokenized_facts(manifest: dict[str, Any]) -> dict[str, int]:
@@ -396,22 +395,3 @@ def _tokenized_facts(manifest: dict[str, Any]) -> dict[str, int]:
     return {"written": int(c.get("written") or 0),
             "quarantined": sum((c.get("quarantined") or {}).values()),
             "dropped": sum((c.get("dropped") or {}).values())}
-
-
-def generation_average(spans: list[tuple[float, float, int]]) -> float | None:
-    """Return output tokens per second over the time any shard generated, or None.
-
-    ``spans`` are ``(started_at, finished_at, output tokens)`` per shard: shards that
-    generated side by side share their time (overlaps counted once), and a pause between
-    two runs of the same folder is not counted.
-    """
-    total, busy, end = 0, 0.0, None
-    for start, finish, tokens in sorted(spans):
-        total += tokens
-        if end is None or start > end:
-            busy += max(finish - start, 0.0)
-            end = finish
-        elif finish > end:
-            busy += finish - end
-            end = finish
-    return total / busy if busy > 0 else None

@@ -84,8 +84,9 @@ def nothing_to_do(settings: RunSettings, plan: Mapping[str, Any]) -> str | None:
     if not done:
         return (f"nothing to do: the selected shards{scope} of run_name {settings.run_name!r} "
                 "hold no prompts; choose other shards with shard_range, or a new run_name")
-    return (f"nothing to do: {done} of {done} shards{scope} already complete under run_name "
-            f"{settings.run_name!r} ({settings.run_uri}); to make a new run, trigger with a new "
+    return (f"nothing to do: {done} of {done} shard{'s' * (done != 1)}{scope} already complete "
+            f"under run_name {settings.run_name!r} ({settings.run_uri}); to make a new run, "
+            "trigger with a new "
             "run_name, or with force_regenerate: true to generate these shards again in a new "
             "folder")
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from include.reporting.collect import ShardFacts
+if TYPE_CHECKING:  # annotations only: the monitor imports this module without the collector
+    from include.reporting.collect import ShardFacts
 
 Span = tuple[float, float]
 
@@ -47,6 +48,40 @@ def _union(spans: list[Span]) -> list[Span]:
 
 def _span(c: Any) -> Span:
     return (c.finished_at - c.latency_s, c.finished_at)
+
+
+def generation_span(manifest: dict[str, Any] | None) -> tuple[float, float, int] | None:
+    """Return a shard's generation as its generated manifest records it, ``(started_at,
+    finished_at, output tokens)`` of its generate call, or None (a manifest from before)."""
+    g = (manifest or {}).get("generation") or {}
+    if not (g.get("started_at") and g.get("finished_at")):
+        return None
+    return float(g["started_at"]), float(g["finished_at"]), int(g.get("output_tokens") or 0)
+
+
+def busy_seconds(spans: list[tuple[float, float, int]]) -> float:
+    """Return the seconds at least one of ``spans`` covers (overlaps counted once)."""
+    busy, end = 0.0, None
+    for start, finish, _ in sorted(spans):
+        if end is None or start > end:
+            busy += max(finish - start, 0.0)
+            end = finish
+        elif finish > end:
+            busy += finish - end
+            end = finish
+    return busy
+
+
+def generation_average(spans: list[tuple[float, float, int]]) -> float | None:
+    """Return *tokens/s while generating*, the report's and the monitor's one figure: output
+    tokens over the time at least one shard generated, or None.
+
+    ``spans`` are ``generation_span``s: shards that generated side by side share their time
+    (overlaps counted once), and the time between shards (a task starting, a pause between
+    two runs of the same folder) is not counted.
+    """
+    busy = busy_seconds(spans)
+    return sum(tokens for _, _, tokens in spans) / busy if busy > 0 else None
 
 
 def generating_segments(produced: list[ShardFacts]) -> list[Span]:
@@ -183,13 +218,18 @@ def throughput(produced: list[ShardFacts]) -> dict[str, Any]:
     wall = max(end - start, 1e-9)
     out_tokens = sum(c.completion_tokens for c in comps)
     segments = generating_segments(produced)
-    # Tokens/s has one definition, the monitor's too (include/monitor/runs.py,
-    # generation_average): output tokens over the time at least one shard was generating,
-    # overlapping shards counted once and the time between shards not at all. Over the wall
-    # clock instead, short shards with gaps between them read ~60% lower (issue 34).
-    generating_s = max(sum(hi - lo for lo, hi in segments), 1e-9)
+    # Tokens/s has one definition, the monitor's too: generation_average over the shards'
+    # generation spans (their manifests'), so both pages show one figure. Over the wall clock
+    # instead, short shards with gaps between them read ~60% lower (issue 34).
+    spans = [generation_span(s.generated) for s in produced]
+    if spans and all(spans):
+        generating_s = max(busy_seconds(spans), 1e-9)
+        rate = sum(sp[2] for sp in spans) / generating_s  # type: ignore[index]
+    else:  # manifests from before the spans: the completions' own windows
+        generating_s = max(sum(hi - lo for lo, hi in segments), 1e-9)
+        rate = out_tokens / generating_s
     # Bins sized on generating time: gaps between tasks are cut out, not binned.
-    bin_s = _nice_bin(generating_s)
+    bin_s = _nice_bin(sum(hi - lo for lo, hi in segments))
     servers = sorted({c.server for c in comps})
     per_server = {}
     for srv in servers:
@@ -223,7 +263,7 @@ def throughput(produced: list[ShardFacts]) -> dict[str, Any]:
     return {
         "start": round(start, 3), "end": round(end, 3), "wall_s": round(wall, 3),
         "generating_s": round(generating_s, 3),
-        "output_tokens": out_tokens, "output_tokens_per_s": round(out_tokens / generating_s, 2),
+        "output_tokens": out_tokens, "output_tokens_per_s": round(rate, 2),
         "bin_s": bin_s, "timeline": _timeline(comps, segments, start, bin_s, servers),
         "per_server": per_server, "drains": drains, "retries": retries,
         "server_time": server_time(comps, segments, start, end),

@@ -184,24 +184,35 @@ def test_tokens_per_s_is_the_monitors_figure_and_name() -> None:
     """Issue 34, item 5: the report divided by the run's wall clock, the monitor by the time
     shards were generating; with gaps between short shards they differed by ~60%."""
     from include.monitor import page
-    from include.monitor.runs import generation_average
     from include.reporting import render
     from include.reporting.collect import ShardFacts
     from include.reporting.facts import Completion
-    from include.reporting.throughput import throughput
+    from include.reporting.throughput import generation_average, generation_span, throughput
 
-    def shard(sid: str, start: float) -> ShardFacts:
-        # 10 s of generation, 100 tokens a second, then a 15 s gap before the next shard.
+    def shard(sid: str, start: float, manifest: bool) -> ShardFacts:
+        # 10 s of requests, 100 tokens a second, then a 15 s gap before the next shard; the
+        # generate call itself ran 2 s longer (its start-up), as its manifest records.
         comps = [Completion("a", "stop", 10, 100, "s1", "m", start + i + 1, 1.0, 1)
                  for i in range(10)]
-        return ShardFacts(sid, reused=False, completions=comps)
+        generated = {"generation": {"started_at": start - 2, "finished_at": start + 10,
+                                    "output_tokens": 1000}} if manifest else None
+        return ShardFacts(sid, reused=False, generated=generated, completions=comps)
 
-    produced = [shard("shard-00000", 0.0), shard("shard-00001", 25.0)]
+    produced = [shard("shard-00000", 0.0, True), shard("shard-00001", 25.0, True)]
     tp = throughput(produced)
-    assert tp["wall_s"] == 35.0 and tp["generating_s"] == 20.0
-    assert tp["output_tokens_per_s"] == 100.0 == generation_average(
-        [(0.0, 10.0, 1000), (25.0, 35.0, 1000)])
+    # The monitor's function over the monitor's spans (the generated manifests'), not the
+    # wall clock (35 s, 57 tokens/s): the same figure on both pages.
+    spans = [generation_span(s.generated) for s in produced]
+    from include.monitor import runs
+
+    assert runs.generation_average is generation_average  # one function, not a copy
+    assert tp["wall_s"] == 35.0 and tp["generating_s"] == 24.0
+    assert tp["output_tokens_per_s"] == round(2000 / 24, 2) == round(
+        generation_average(spans), 2)
     assert render.TOKENS_PER_S == page.TOKENS_PER_S
+    # Manifests from before the spans: the completions' own windows, still not the wall.
+    older = throughput([shard("shard-00000", 0.0, False), shard("shard-00001", 25.0, False)])
+    assert older["output_tokens_per_s"] == 100.0
 
 
 def test_the_report_page_links_its_card_explains_its_gates_and_follows_dark_mode(
