@@ -11,25 +11,28 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from include.evaluation.compat import drafter_problems
-from include.evaluation.settings import EvaluationDeployment, EvaluationRequest
+from include.evaluation.settings import EvaluationRequest
 from include.evaluation.split import SplitError, load_split
 from include.storage import Store
 
 
-def request_problems(request: EvaluationRequest, deployment: EvaluationDeployment,
+def request_problems(request: EvaluationRequest, allowed_drafters: Mapping[str, str],
                      run_store: Store, target_config: dict[str, Any] | None,
                      read_config: Callable[[str], dict[str, Any] | None]) -> list[str]:
-    """Every mistake knowable before launch, all at once."""
+    """Every mistake knowable before launch, all at once.
+
+    ``allowed_drafters`` is the deployment's (``DeploymentSettings.allowed_drafters``).
+    """
     problems = []
     for name in request.drafters:
-        if name not in deployment.allowed_drafters:
+        if name not in allowed_drafters:
             problems.append(f"drafter {name!r} is not one the deployment allows "
-                            f"(REGEN_ALLOWED_DRAFTERS: {sorted(deployment.allowed_drafters)})")
+                            f"(REGEN_ALLOWED_DRAFTERS: {sorted(allowed_drafters)})")
         elif target_config is None:
             problems.append("the target's config.json cannot be read: no drafter can be "
                             "checked against it")
         else:
-            path = deployment.allowed_drafters[name]
+            path = allowed_drafters[name]
             problems += drafter_problems(name, read_config(path), target_config)
     try:
         load_split(run_store)

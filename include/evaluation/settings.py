@@ -1,76 +1,64 @@
-"""The evaluation's settings: what the deployment allows (``REGEN_*``) and what a trigger asks.
+"""What one ``evaluate_drafter`` run measures: the trigger form's content, checked.
 
-``EvaluationDeployment`` reads ``REGEN_ALLOWED_DRAFTERS`` as ``DeploymentSettings`` reads
-``REGEN_ALLOWED_MODELS`` (pydantic-settings, JSON in the environment); it belongs in
-``DeploymentSettings`` once that module is open to this change. ``EvaluationRequest`` is the
-trigger form's content, checked here so nothing from a conf reaches a shell or a path: drafters
-are named, and only the deployment's names resolve to paths.
+Nothing from a conf reaches a shell or a path: drafters are names, and only the deployment's
+``allowed_drafters`` (``DeploymentSettings``, ``REGEN_ALLOWED_DRAFTERS``) turns a name into a
+checkpoint path; the dataset run is a name opened under the deployment's ``output_root``; the
+servers' settings are bound through ``RunSettings`` (so the model must be an allowed one).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from include.servers.expectations import SpeculativeLaunch
 
 #: ``spec_info.py`` builtins an evaluation may choose (UNO, DSPARK, FROZEN_KV_MTP left out).
 Algorithm = Literal["DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM"]
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+RUN_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+#: The run settings the evaluation's servers are launched with (use the dataset run's own:
+#: the split's answers came from that server). Bound through ``RunSettings``; None = its default.
+SERVER_SETTINGS = ("model_path", "served_model_name", "context_length", "tp_size",
+                   "mem_fraction_static", "reasoning_parser", "launch_timeout_s")
 
 
-class EvaluationDeployment(BaseSettings):
-    """Deployment settings of the evaluation (environment only)."""
-
-    model_config = SettingsConfigDict(env_prefix="REGEN_", frozen=True, case_sensitive=False,
-                                      extra="ignore")
-
-    allowed_drafters: dict[str, str] = Field(
-        {}, description="Drafters an evaluation may load: name -> checkpoint directory, the "
-        "same path on the GPU hosts and the workers (config.json is read from it).")
-
-
-class SpeculativeSettings(BaseModel):
-    """SGLang's speculative flags for one evaluation (``arg_groups/fields/spec.py``)."""
+class EvaluationRequest(BaseModel):
+    """What one evaluate_drafter run measures (the trigger form; None: the default)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    dataset_run: str | None = Field(None, pattern=RUN_PATTERN)
+    baseline: str
+    candidates: list[str] = Field(min_length=1, max_length=8)
     algorithm: Algorithm = "EAGLE3"
     num_steps: int | None = Field(None, ge=1, le=64)
     eagle_topk: int | None = Field(None, ge=1, le=64)
     num_draft_tokens: int | None = Field(None, ge=2, le=128)
-
-    def flags(self, draft_path: str | None) -> list[str]:
-        """The launch flags, each value a typed number or a deployment path."""
-        out = ["--speculative-algorithm", self.algorithm]
-        if draft_path is not None:
-            out += ["--speculative-draft-model-path", draft_path]
-        for name in ("num_steps", "eagle_topk", "num_draft_tokens"):
-            value = getattr(self, name)
-            if value is not None:
-                out += [f"--speculative-{name.replace('_', '-')}", str(value)]
-        return out
-
-
-class EvaluationRequest(BaseModel):
-    """What one evaluate_drafter run measures."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dataset_run: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-    baseline: str
-    candidates: list[str] = Field(min_length=1)
-    speculative: SpeculativeSettings = SpeculativeSettings()
-    temperatures: list[float] = Field([0.0], min_length=1)
-    thinking: list[bool] = Field([True, False], min_length=1)
+    temperatures: list[float] = Field([0.0], min_length=1, max_length=4)
+    thinking: Literal["both", "on", "off"] = "both"
     max_tokens: int = Field(1024, ge=1, le=131072)
     concurrency: int = Field(8, ge=1, le=1024)
     target_only_pass: bool = True
-    min_gain: float | None = Field(None, description="Fail unless every candidate's pooled "
-                                   "acceptance length beats the baseline's by this much (the "
-                                   "interval's lower end).")
-    seed: int = 0
+    min_gain: float | None = Field(None, ge=-100.0, le=100.0)
+    seed: int = Field(0, ge=0)
+    model_path: str | None = None
+    served_model_name: str | None = None
+    context_length: int | None = None
+    tp_size: int | None = None
+    mem_fraction_static: float | None = None
+    reasoning_parser: str | None = None
+    launch_timeout_s: float | None = None
+
+    @classmethod
+    def from_params(cls, params: Any) -> EvaluationRequest:
+        """Validate the form's params (a form field emptied is None: the default)."""
+        values = {k: v for k, v in dict(params or {}).items()
+                  if v is not None and not (k == "dataset_run" and v == "")}
+        return cls.model_validate(values)
 
     @field_validator("baseline", "candidates")
     @classmethod
@@ -89,4 +77,25 @@ class EvaluationRequest(BaseModel):
 
     @property
     def drafters(self) -> list[str]:
-        return [self.baseline, *[c for c in self.candidates if c != self.baseline]]
+        """The baseline, then each candidate once."""
+        out = [self.baseline]
+        out += [c for c in self.candidates if c not in out]
+        return out
+
+    @property
+    def candidate_names(self) -> list[str]:
+        return self.drafters[1:]
+
+    @property
+    def thinking_modes(self) -> list[bool]:
+        return {"both": [True, False], "on": [True], "off": [False]}[self.thinking]
+
+    def speculative(self, draft_path: str | None) -> SpeculativeLaunch:
+        """The launch flags of a drafter pass; ``draft_path`` from the deployment only."""
+        return SpeculativeLaunch(self.algorithm, draft_path, self.num_steps, self.eagle_topk,
+                                 self.num_draft_tokens)
+
+    def server_values(self) -> dict[str, Any]:
+        """The run settings the servers are launched with (None: RunSettings' default)."""
+        values = {k: getattr(self, k) for k in SERVER_SETTINGS if getattr(self, k) is not None}
+        return {**values, "max_tokens": self.max_tokens}

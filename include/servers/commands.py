@@ -19,6 +19,7 @@ in every task; XCom carries only ``ServerSpec.ident`` (see ``include.servers.lau
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -227,14 +228,16 @@ def build_launch_command(
     *,
     bind_host: str | None = None,
     config_file: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> str:
     """Return the foreground command that runs one server (env, launch command, flags).
 
     ``server_launch_command`` may hold several words (``python3 -m sglang.launch_server``,
     ``env PYTHONPATH=/x python -m sglang_standin``); ``extra_server_args`` are appended as
-    separate arguments. Nothing secret is in it: the API key is in ``config_file``
-    (``--config``, see ``server_config_yaml``), so the command can be logged and shows in
-    ``ps`` harmlessly.
+    separate arguments, then this launch's own ``extra_args`` (a drafter's speculative flags:
+    typed numbers and a deployment path, each quoted). Nothing secret is in it: the API key
+    is in ``config_file`` (``--config``, see ``server_config_yaml``), so the command can be
+    logged and shows in ``ps`` harmlessly.
     """
     args: list[str] = [
         "--model-path", settings.model_path,
@@ -252,6 +255,7 @@ def build_launch_command(
     if config_file:
         args += ["--config", config_file]
     args += list(settings.deployment.extra_server_args)
+    args += [str(a) for a in extra_args]
     devices = ",".join(str(g) for g in spec.cuda_devices)
     program = _words(settings.deployment.server_launch_command)
     return (

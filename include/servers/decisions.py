@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from include.servers.commands import ServerSpec, parse_fields
-from include.servers.expectations import ModelExpectation, served_model_differences
+from include.servers.expectations import (
+    ModelExpectation,
+    served_model_differences,
+    speculative_differences,
+)
 from include.servers.launch_report import Action, ServerOutcome
 
 #: ``loading``: the pid file names a live server process whose port is closed. Real SGLang
@@ -95,15 +99,21 @@ def launch_step(
     *,
     replace_mismatched: bool,
     sglang_conn_id: str | None = None,
+    server_info: Any = None,
 ) -> tuple[LaunchStep, list[str]]:
     """Return what to do with a server, and how it differs from the run when it answers.
 
     ``alive``: the server's pid file names a live process (read only when the port is closed).
     A loading server is not checked here: the health gate checks it once its port opens.
+    ``server_info``: its ``/server_info`` JSON (None: not read), compared with the
+    speculation ``expected`` wants, so a drafter's server never serves a target-only run and
+    a target-only server never a drafter's pass.
     """
     if not probe.answering:
         return ("loading" if alive else "start"), []
     differences = probe_differences(probe, expected, sglang_conn_id)
+    if not differences:
+        differences = speculative_differences(server_info, expected.speculative)
     if not differences:
         return "reuse", []
     return ("replace" if replace_mismatched else "refuse"), differences

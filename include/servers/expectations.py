@@ -27,6 +27,68 @@ class Expectation(Protocol):
 
 
 @dataclass(frozen=True)
+class SpeculativeLaunch:
+    """SGLang's speculative flags for one launch (``arg_groups/fields/spec.py``).
+
+    ``draft_model_path`` comes from the deployment (``allowed_drafters``), never a form; the
+    numbers are typed. None: the flag is not given (SGLang chooses, ``speculative_hook.py``).
+    """
+
+    algorithm: str
+    draft_model_path: str | None = None
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+
+    def flags(self) -> list[str]:
+        """The launch flags (appended after the deployment's ``extra_server_args``)."""
+        out = ["--speculative-algorithm", self.algorithm]
+        if self.draft_model_path is not None:
+            out += ["--speculative-draft-model-path", self.draft_model_path]
+        for name in ("num_steps", "eagle_topk", "num_draft_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                out += [f"--speculative-{name.replace('_', '-')}", str(int(value))]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def speculative_differences(info: Any, wanted: SpeculativeLaunch | None) -> list[str]:
+    """How a server's ``/server_info`` differs from the speculation a launch wants ([]: same).
+
+    SGLang reports its resolved server args there (``utils/common.py`` ``build_server_info``):
+    ``speculative_algorithm`` is null without speculation. ``info`` None means it could not be
+    read: a difference only when speculation is wanted (a server that cannot say is never
+    taken for a drafter's; one of a release without the endpoint does not speculate here).
+    Only the flags the launch gives are compared (SGLang resolves the others itself).
+    """
+    if info is None or not isinstance(info, dict):
+        if wanted is None:
+            return []
+        return ["/server_info cannot be read: whether it runs the drafter "
+                f"{wanted.draft_model_path} cannot be told"]
+    got = info.get("speculative_algorithm")
+    if wanted is None:
+        return [] if got is None else [
+            f"speculates ({got}, draft {info.get('speculative_draft_model_path')}) but this run "
+            "wants the target alone (no --speculative-* flags)"]
+    if got is None:
+        return [f"does not speculate but this run wants {wanted.algorithm} with draft "
+                f"{wanted.draft_model_path}"]
+    same_algorithm = str(got).upper() == wanted.algorithm.upper() or (
+        {str(got).upper(), wanted.algorithm.upper()} == {"EAGLE", "NEXTN"})
+    out = [] if same_algorithm else [
+        f"speculative_algorithm {got}, this run wants {wanted.algorithm}"]
+    for name in ("draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens"):
+        value, served = getattr(wanted, name), info.get(f"speculative_{name}")
+        if value is not None and served != value:
+            out.append(f"speculative_{name} {served!r}, this run wants {value!r}")
+    return out
+
+
+@dataclass(frozen=True)
 class ModelExpectation:
     """Hold the settings a server is checked against, as JSON-ready data for XCom/triggers."""
 
@@ -35,6 +97,8 @@ class ModelExpectation:
     context_margin: int = 16
     min_completion_tokens: int = 256
     max_tokens: int = 8192
+    #: The speculation the servers must run; None: the target alone (the main DAG's servers).
+    speculative: SpeculativeLaunch | None = None
 
     @classmethod
     def from_settings(cls, settings: Expectation) -> ModelExpectation:
@@ -54,7 +118,10 @@ class ModelExpectation:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelExpectation:
         """Build from ``to_dict`` output."""
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if values.get("speculative") is not None:
+            values["speculative"] = SpeculativeLaunch(**values["speculative"])
+        return cls(**values)
 
 
 def served_model_differences(models_json: Any, expected: Expectation) -> list[str]:

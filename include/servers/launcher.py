@@ -12,7 +12,7 @@ only when no other run still leases it, so one run's teardown never stops server
 generates on. Teardown runs commands on the deployment's own servers only: each server of the
 report is matched against the settings' (``trusted_spec``), never taken from XCom.
 
-The servers' API key (``settings.api_key``, the password of the ``sglang_conn_id`` connection)
+The servers' API key (``RunSettings.api_key``, the password of the ``sglang_conn_id`` connection)
 reaches a server in its ``--config`` file, written from the SSH command's stdin; it is in no
 command line, no report and no log tail this module returns.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from include.servers.commands import (
@@ -44,7 +45,7 @@ from include.servers.decisions import (
     stop_verdict,
     stopped_meanwhile,
 )
-from include.servers.expectations import ModelExpectation, key_problems
+from include.servers.expectations import ModelExpectation, SpeculativeLaunch, key_problems
 from include.servers.hosts import HostError, Runners, fetch_log_tail, run_on_host
 from include.servers.launch_report import (
     Action,
@@ -62,6 +63,7 @@ from include.servers.lifecycle import (
     build_status_command,
 )
 from include.sglang import sync as sglang
+from include.sglang.contract import SERVER_INFO
 
 if TYPE_CHECKING:
     from include.settings import RunSettings
@@ -87,6 +89,17 @@ def probe_models(url: str, api_key: str | None, timeout: float = 5.0) -> ModelsP
         return ModelsProbe(True, answer.status, None, f"not JSON: {answer.body[:200]!r}")
 
 
+def probe_server_info(url: str, api_key: str | None, timeout: float = 5.0) -> Any:
+    """GET ``url``/server_info once: its JSON, or None when it does not answer 200 with JSON."""
+    answer = sglang.get(url, SERVER_INFO, api_key=api_key, timeout=timeout)
+    if not answer.answered or answer.status != 200:
+        return None
+    try:
+        return answer.json()
+    except ValueError:
+        return None
+
+
 def launch_for_plan(settings: RunSettings, plan: list[dict[str, Any]], *,
                     owner: str | None = None) -> LaunchReport:
     """Launch the servers only when ``plan`` (from prepare_prompts) has a shard left to run.
@@ -109,8 +122,15 @@ def launch_servers(
     connect_attempts: int = 3,
     probe_timeout_s: float = 5.0,
     stop_grace_s: float = 30.0,
+    speculative: SpeculativeLaunch | None = None,
+    servers: Sequence[ServerSpec] | None = None,
 ) -> LaunchReport:
     """Make sure every server of ``gpu_hosts`` runs the run's model; return what was done.
+
+    ``speculative``: the drafter flags this launch adds (None: the target alone); a server is
+    reused only when its ``/server_info`` says it runs the same speculation. ``servers``: the
+    deployment's servers this launch covers (default all; an evaluation splits them among
+    its drafter configurations), each one of ``server_specs(settings)``.
 
     Raise SettingsError before touching a host when a server on a non-loopback host would
     have no API key (``key_problems``), and HostError when a host cannot be reached; on any
@@ -130,8 +150,11 @@ def launch_servers(
     problems = key_problems(deployment, api_key)
     if problems:
         raise SettingsError("; ".join(problems))
-    expected = ModelExpectation.from_settings(settings)
+    expected = dataclasses.replace(ModelExpectation.from_settings(settings),
+                                   speculative=speculative)
     specs = server_specs(settings)
+    if servers is not None:
+        specs = [trusted_spec(s.ident, specs) for s in servers]
     own_runners = runners is None
     runners = runners or Runners(connect_attempts=connect_attempts)
     report = LaunchReport([], expected, settings.launch_timeout_s, owner, deployment.sglang_conn_id)
@@ -179,18 +202,22 @@ def _launch_one(
     key = settings.api_key
     replace, conn_id = settings.replace_mismatched_servers, settings.deployment.sglang_conn_id
     probe = probe_models(spec.url, key, probe_timeout_s)
+    # Read only from a server that could be reused: its speculation must be the launch's too.
+    info = (probe_server_info(spec.url, key, probe_timeout_s)
+            if probe.answering and probe.status == 200 else None)
     status = server_status(runners, spec)
     owned = status.owned_by(owner)
     step, differences = launch_step(probe, status.alive, expected, replace_mismatched=replace,
-                                    sglang_conn_id=conn_id)
+                                    sglang_conn_id=conn_id, server_info=info)
     if step == "loading":
         # SGLang opens its port once its model is loaded (minutes): lease it, the gate waits.
         return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s,
-                      loading=True)
+                      loading=True, speculative=expected.speculative)
     if step == "start":
-        return _start(spec, settings, runners, owner, "started")
+        return _start(spec, settings, runners, owner, "started", expected.speculative)
     if step == "reuse":
-        return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s)
+        return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s,
+                      speculative=expected.speculative)
     if step == "refuse":
         return refused_outcome(spec, status, differences)
     release = _release(runners, spec, owner, stop_grace_s)
@@ -199,7 +226,7 @@ def _launch_one(
     blocked = replace_blocked(spec, status, release, differences, port_answers=port_answers)
     if blocked is not None:
         return blocked
-    outcome = _start(spec, settings, runners, owner, "replaced")
+    outcome = _start(spec, settings, runners, owner, "replaced", expected.speculative)
     outcome.differences = differences
     return outcome
 
@@ -214,6 +241,7 @@ def _lease(
     probe_timeout_s: float,
     *,
     loading: bool = False,
+    speculative: SpeculativeLaunch | None = None,
 ) -> ServerOutcome:
     """Take this run's lease on a server answering (reuse) or loading; start it if it is gone."""
     outcome = loading_outcome if loading else reused_outcome
@@ -226,17 +254,19 @@ def _lease(
     if stopped_meanwhile(status, leased) and not probe_models(
         spec.url, settings.api_key, probe_timeout_s
     ).answering:
-        return _start(spec, settings, runners, owner, "started")
+        return _start(spec, settings, runners, owner, "started", speculative)
     return outcome(spec, owner, owned, status, leased)
 
 
 def _start(
-    spec: ServerSpec, settings: RunSettings, runners: Runners, owner: str | None, action: Action
+    spec: ServerSpec, settings: RunSettings, runners: Runners, owner: str | None, action: Action,
+    speculative: SpeculativeLaunch | None = None,
 ) -> ServerOutcome:
     key = settings.api_key
     paths = spec.paths
     config = server_config_yaml(key).encode() if key else None
-    launch = build_launch_command(spec, settings, config_file=paths.config_file if key else None)
+    launch = build_launch_command(spec, settings, config_file=paths.config_file if key else None,
+                                  extra_args=speculative.flags() if speculative else ())
     log.info("server %s: launching on %s: %s", spec.name, runners.for_spec(spec).label, launch)
     command = build_detached_command(
         launch, paths, owner=owner, config_bytes=len(config) if config else None

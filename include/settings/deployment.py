@@ -135,6 +135,11 @@ class DeploymentSettings(BaseSettings):
         description="Models a run may choose as model_path (hub ids or paths on the GPU host); "
         "the first is the default. Read when the DAG file is parsed (the form's default).",
     )
+    allowed_drafters: dict[str, str] = Field(
+        {}, description="Drafters an evaluation (the evaluate_drafter DAG) may load: name -> "
+        "checkpoint directory, the same path on the GPU hosts and the workers (its config.json "
+        "is read from it). A trigger names a drafter; only this resolves it to a path.",
+    )
     output_root: str = Field(
         str(REPO_ROOT / "var" / "runs"),
         description="Local directory or s3://bucket/prefix every run writes under "

@@ -9,7 +9,7 @@ import pytest
 
 from include.evaluation.checks import request_problems, server_problems
 from include.evaluation.compat import drafter_problems, read_config
-from include.evaluation.settings import EvaluationDeployment, EvaluationRequest
+from include.evaluation.settings import EvaluationRequest
 from include.evaluation.split import SplitError, load_split
 from include.storage.store import LocalStore
 from tests.unit.evaluation.helpers import prompt, write_split
@@ -49,8 +49,8 @@ def _request(**kw: object) -> EvaluationRequest:
 
 def test_a_drafter_the_deployment_does_not_list_is_refused(tmp_path: Path) -> None:
     write_split(tmp_path / "run", [prompt(0, "math")])
-    deployment = EvaluationDeployment(allowed_drafters={"base": _drafter(tmp_path, "b")})
-    problems = request_problems(_request(), deployment, LocalStore(tmp_path / "run"), TARGET,
+    allowed = {"base": _drafter(tmp_path, "b")}
+    problems = request_problems(_request(), allowed, LocalStore(tmp_path / "run"), TARGET,
                                 read_config)
     assert problems == [
         "drafter 'cand' is not one the deployment allows (REGEN_ALLOWED_DRAFTERS: ['base'])"]
@@ -79,9 +79,8 @@ def test_a_drafter_that_fits_passes(tmp_path: Path) -> None:
 
 def test_a_dataset_run_without_a_held_out_split_is_refused(tmp_path: Path) -> None:
     (tmp_path / "run" / "prompts").mkdir(parents=True)
-    deployment = EvaluationDeployment(allowed_drafters={
-        "base": _drafter(tmp_path, "b"), "cand": _drafter(tmp_path, "c")})
-    problems = request_problems(_request(), deployment, LocalStore(tmp_path / "run"), TARGET,
+    allowed = {"base": _drafter(tmp_path, "b"), "cand": _drafter(tmp_path, "c")}
+    problems = request_problems(_request(), allowed, LocalStore(tmp_path / "run"), TARGET,
                                 read_config)
     assert len(problems) == 1 and "has no held-out split" in problems[0]
 
@@ -100,9 +99,15 @@ def test_the_form_refuses_names_that_could_be_paths_or_flags() -> None:
     for bad in ("../etc", "-x", "a b", "a/b"):
         with pytest.raises(ValueError, match="drafter name"):
             _request(baseline=bad)
-    assert EvaluationDeployment().allowed_drafters == {}
+    for bad in ("../x", "/abs", "a b"):
+        with pytest.raises(ValueError, match="dataset_run"):
+            _request(dataset_run=bad)
 
 
-def test_allowed_drafters_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_allowed_drafters_are_a_deployment_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from include.settings.deployment import DeploymentSettings
+
+    monkeypatch.delenv("REGEN_ALLOWED_DRAFTERS", raising=False)
+    assert DeploymentSettings().allowed_drafters == {}
     monkeypatch.setenv("REGEN_ALLOWED_DRAFTERS", '{"eagle-a": "/models/eagle-a"}')
-    assert EvaluationDeployment().allowed_drafters == {"eagle-a": "/models/eagle-a"}
+    assert DeploymentSettings().allowed_drafters == {"eagle-a": "/models/eagle-a"}
