@@ -31,7 +31,7 @@ import aiohttp
 from benchmarks.common import SERVERS, standin_fleet
 from include.durability.journal import FileJournal
 from include.engine.dispatch import EngineConfig, run_shard
-from include.tokenization import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 
 MAX_TOKENS = 32
 SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "enable_thinking": False}

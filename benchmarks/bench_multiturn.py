@@ -43,7 +43,7 @@ from benchmarks.common import SERVERS, bench_settings, get, standin_fleet
 from include.durability.journal import FileJournal
 from include.engine.dispatch import EngineConfig, run_shard
 from include.engine.pool import parse_metrics
-from include.tokenization import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 from sglang_standin.tokenizer import cached_chat_tokenizer
 from sglang_standin.words import WORDS
 

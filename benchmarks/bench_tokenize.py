@@ -54,7 +54,7 @@ def _corpus() -> tuple[str, str]:
 
 def make_records(tokenizer: Any, count: int, seed: int = 0) -> list[dict[str, Any]]:
     """Return ``count`` completion records (thinking on) with exact usage.prompt_tokens."""
-    from include.tokenization import render_prompts
+    from include.target_tokenizer import render_prompts
 
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     prose, code = _corpus()

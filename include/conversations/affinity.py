@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from include.engine.server_states import ServerStatus
+from include.outcomes import ServerStatus
 
 
 class Placement(StrEnum):

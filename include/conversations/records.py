@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from include.conversations.chain import ChainState, ConversationEnd
-from include.engine.outcome import PromptStatus
+from include.outcomes import PromptStatus
 
 #: A record's ``status`` (the generation outcome names).
 

@@ -27,8 +27,7 @@ from include.conversations.chain import (
     TurnResult,
     after_turn,
 )
-
-TURN_KIND = "conversation_turn"
+from include.outcomes import TURN_KIND
 
 
 class ResumeError(ValueError):

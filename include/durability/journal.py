@@ -36,10 +36,9 @@ from typing import Any, Protocol
 import msgspec
 
 from include.durability.fencing import list_vouched
-from include.engine.client import RETRYABLE
-from include.engine.outcome import PromptStatus
 from include.jsonl import escape_break_bytes
-from include.layout import compacted_keys, segment_key
+from include.layout import compacted_keys, journal_prefix, segment_key
+from include.outcomes import END_KIND, RETRYABLE, TURN_KIND, PromptStatus
 from include.storage import Store, sha256_hex, write_verified
 
 log = logging.getLogger(__name__)
@@ -92,7 +91,7 @@ def is_final(record: dict[str, Any]) -> bool:
 
 #: Journal records that do not end a prompt: a whole conversation's finished turns (and
 #: ends), which a retry continues from (``include.conversations.resume``).
-PER_TURN_KINDS = frozenset({"conversation_turn", "conversation_end"})
+PER_TURN_KINDS = frozenset({TURN_KIND, END_KIND})
 
 
 def prompt_records(records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -372,3 +371,8 @@ def compact(store: Store, prefix: str,
     log.info("journal %s: %d segments compacted into %s (%d bytes)", prefix, len(parts),
              data_key, len(data))
     return True
+
+
+def load_journal_records(store: Store, shard_id: str) -> dict[str, dict[str, Any]]:
+    """Return the final journal record per prompt id of a shard (no per-turn records)."""
+    return prompt_records(StoreJournal(store, journal_prefix(shard_id)).load())

@@ -37,8 +37,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from include.engine.outcome import GenerationError
 from include.layout import beat_key, beats_prefix, lease_key, lease_prefix, released_key
+from include.outcomes import GenerationError
 from include.storage import ObjectExistsError, Store
 
 log = logging.getLogger(__name__)

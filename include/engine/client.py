@@ -11,33 +11,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from include.outcomes import RETRYABLE, ErrorKind
 from include.sglang import aio, contract
 from include.sglang.length import prompt_tokens_from_length_error
 
 if TYPE_CHECKING:
     import aiohttp
-
-class ErrorKind(StrEnum):
-    """Why a request failed (``ChatResult.error_kind``, a failed record's ``reason``)."""
-
-    CONNECT = contract.Failure.CONNECT.value  # refused / reset before a response: likely down
-    DISCONNECTED = contract.Failure.DISCONNECTED.value  # closed mid-request
-    TIMEOUT = contract.Failure.TIMEOUT.value
-    HTTP_5XX = "http_5xx"
-    QUEUE_FULL = "queue_full"  # 503 "The request queue is full."
-    LENGTH = "length_error"  # one of SGLang's three 400 length errors
-    UNAUTHORIZED = "unauthorized"  # 401: the API key is wrong; no retry can fix it
-    HTTP_4XX = "http_4xx"
-    BAD_RESPONSE = "bad_response"  # 200 with a body that is not a chat completion
-    CANCELLED = "cancelled"  # taken back by the engine (server ejected while in flight)
-
-
-#: The kinds that can succeed on another try or another server.
-RETRYABLE = frozenset({ErrorKind.CONNECT, ErrorKind.DISCONNECTED, ErrorKind.TIMEOUT,
-                       ErrorKind.HTTP_5XX, ErrorKind.QUEUE_FULL, ErrorKind.CANCELLED})
 
 @dataclass(frozen=True)
 class ChatRequest:

@@ -32,7 +32,7 @@ from include.conversations.affinity import Placement, ServerView, choose_server
 from include.conversations.budget import turn_budget
 from include.conversations.records import conversation_record
 from include.conversations.resume import ResumeError, resume, turn_record
-from include.engine.server_states import ServerStatus
+from include.outcomes import TURN_KIND, ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Conversations:
             raise ResumeError(f"{shard_id}: {exc}") from None
         kept = ("sampling", "timings", "server_version", "weight_version", "model")
         for record in journal_records:
-            if (record.get("kind") == "conversation_turn"
+            if (record.get("kind") == TURN_KIND
                     and record.get("conversation_id") in starts):
                 self.extras[record["digest"]] = {k: record[k] for k in kept if k in record}
         return sum(len(s.turns) for s in self.states.values())

@@ -5,20 +5,11 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from include.outcomes import GenerationError, PromptStatus
 
-class PromptStatus(StrEnum):
-    """How a prompt ended in a shard run: its final journal record's ``status``."""
-
-    COMPLETED = "completed"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-
-
-class GenerationError(RuntimeError):
-    """The shard cannot go on; finished prompts are safe in the journal."""
+__all__ = ["GenerationError", "PromptStatus", "ShardOutcome", "check_accounting"]
 
 
 @dataclass

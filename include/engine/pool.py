@@ -23,9 +23,9 @@ from typing import Any
 import aiohttp
 
 from include.engine import server_states as st
-from include.engine.client import ErrorKind
-from include.engine.server_states import PROBES_TO_EJECT, ServerHealth, ServerStatus
+from include.engine.server_states import PROBES_TO_EJECT, ServerHealth
 from include.engine.window import next_window, parse_metrics
+from include.outcomes import ErrorKind, ServerStatus
 from include.sglang import aio
 from include.sglang.contract import (
     Failure,

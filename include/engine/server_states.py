@@ -23,16 +23,8 @@ after a streak or a cool-down began can end it, since an older one proves nothin
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
-
-class ServerStatus(StrEnum):
-    """A server's state in the pool: the one spelling logs, summaries and affinity use."""
-
-    IN_ROTATION = "in rotation"
-    RESTING = "resting"
-    EJECTED = "ejected"
-
+from include.outcomes import ServerStatus
 
 #: Health probes failed in a row (timeout or not 200) after which a server counts as gone.
 #: One failed probe only rests it: a loaded host can miss one without losing its work.

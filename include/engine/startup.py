@@ -67,7 +67,7 @@ class PromptCounter:
 
     def _load(self, path: str) -> None:
         try:
-            from include.tokenization import load_tokenizer
+            from include.target_tokenizer import load_tokenizer
 
             self._loaded.set_result(load_tokenizer(path))
         except BaseException as exc:  # noqa: BLE001 - raised where the tokenizer is used
@@ -84,7 +84,7 @@ class PromptCounter:
 
     def __call__(self, conversations: Sequence[list[dict[str, Any]]],
                  enable_thinking: bool | None = None) -> list[int]:
-        from include.tokenization import count_prompt_tokens
+        from include.target_tokenizer import count_prompt_tokens
 
         thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         return count_prompt_tokens(self.tokenizer, conversations, thinking)

@@ -15,7 +15,7 @@ from typing import Any
 from include.durability.journal import Journal, is_final
 from include.engine import client as c
 from include.engine.outcome import PromptStatus
-from include.engine.server_states import ServerStatus
+from include.outcomes import ServerStatus
 
 log = logging.getLogger(__name__)
 

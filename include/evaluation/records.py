@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from include.engine.client import ErrorKind
-from include.engine.outcome import PromptStatus
+from include.outcomes import ErrorKind, PromptStatus
 from include.sglang.contract import Answer
 
 #: The configuration label of the pass without a drafter (the speedup's denominator).

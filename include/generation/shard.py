@@ -369,8 +369,3 @@ def compact_journal(store: Store, shard_id: str,
     except Exception as exc:  # noqa: BLE001 - an optimisation for readers, never a failure
         log.warning("%s: compacting the journal failed (%s); readers use its segments",
                     shard_id, exc)
-
-
-def load_journal_records(store: Store, shard_id: str) -> dict[str, dict[str, Any]]:
-    """Return the final journal record per prompt id of a shard (no per-turn records)."""
-    return prompt_records(StoreJournal(store, journal_prefix(shard_id)).load())

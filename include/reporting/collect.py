@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from include.generation.shard import load_journal_records
+from include.durability.journal import load_journal_records
 from include.layout import facts_key, output_keys, shard_index, tokenized_keys
 from include.reporting.facts import Completion, completion, decode_facts
 from include.storage import Store, StoreError, sha256_hex

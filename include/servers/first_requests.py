@@ -283,7 +283,7 @@ def preflight_run(settings: Any, urls: list[str], prompts: list[dict[str, Any]])
     PreflightError on any failure.
     """
     from include.engine.conversing import is_conversation
-    from include.tokenization import count_prompt_tokens, load_tokenizer
+    from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 
     tok = load_tokenizer(settings.tokenizer_path or settings.model_path)
     prompt, messages, p_tokens, max_tokens = longest_prompt(

@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from include.outcomes import ErrorKind
+
 HEALTH = "/health"
 MODELS = "/v1/models"
 SERVER_INFO = "/server_info"
@@ -30,16 +32,16 @@ HEALTH_PROBE_TIMEOUT_FLOOR_S = 5.0
 class Failure(StrEnum):
     """How a call failed before any HTTP answer (``Answer.failure``).
 
-    The same words as a request's ``engine.client.ErrorKind`` for these three, so a
-    failure reads one way in the journal, the logs and the monitor.
+    The same words as ``include.outcomes.ErrorKind``'s three, so a failure reads one way in
+    the journal, the logs and the monitor.
     """
 
     #: No answer within the timeout.
-    TIMEOUT = "timeout"
+    TIMEOUT = ErrorKind.TIMEOUT.value
     #: No connection could be made (refused, unreachable, name not resolved).
-    CONNECT = "connect_error"
+    CONNECT = ErrorKind.CONNECT.value
     #: The connection broke (closed mid-answer, reset, a body cut short) or another error.
-    DISCONNECTED = "disconnected"
+    DISCONNECTED = ErrorKind.DISCONNECTED.value
 
 
 def health_probe_timeout_s(wanted: float = 0.0) -> float:

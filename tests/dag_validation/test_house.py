@@ -76,16 +76,22 @@ def test_no_module_in_include_is_too_long_to_read_in_one_sitting() -> None:
 #: Stages import each other (generation reads prompt shards; reporting reads journals).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.pipeline",),
-    ("include.prompts", "include.servers", "include.generation", "include.engine",
-     "include.durability", "include.tokenization", "include.reporting", "include.quality",
-     "include.conversations", "include.monitor", "include.evaluation"),
+    # The stages, on four floors. A floor's packages import only floors below, never each
+    # other: the shard stage, the run monitor and drafter evaluation read everything below;
+    # preparation, reporting and the launcher; the engine and tokenization; at the bottom
+    # what they all keep and judge (conversations, durability, quality).
+    ("include.generation", "include.monitor", "include.evaluation"),
+    ("include.prompts", "include.reporting", "include.servers"),
+    ("include.engine", "include.tokenization"),
+    ("include.conversations", "include.durability", "include.quality"),
     ("include.settings",),
     # What every stage speaks to an SGLang server with (settings read the servers' API key
     # through its hook): below settings, above storage.
     ("include.sglang",),
     ("include.storage",),
-    # Leaves any stage may import: every store key, the target's tokenizer, JSON lines.
-    ("include.layout", "include.target_tokenizer", "include.jsonl"),
+    # Leaves any stage may import: every store key, the target's tokenizer, JSON lines, the
+    # words for how things ended (include/outcomes.py).
+    ("include.layout", "include.target_tokenizer", "include.jsonl", "include.outcomes"),
 )
 #: Upward imports that are right, each with its reason: none (the engine's command-line
 #: front end lives in the pipeline layer, ``include/pipeline/shard_cli.py``).
@@ -110,12 +116,28 @@ def layer_of(module: str) -> int | None:
     return None
 
 
+def package_of(module: str) -> str:
+    """Return the package of ``include`` a module is in (``include.engine.pool``: engine)."""
+    return ".".join(module.split(".")[:2])
+
+
 def upward_imports(graph: nx.DiGraph) -> list[tuple[str, str]]:
-    """Return every import of a module by one in a lower layer, less the exceptions."""
+    """Return every import of a module by one in a lower layer, or by one of another package
+    on the same floor (siblings do not import each other), less the exceptions."""
     return sorted(
         (a, b) for a, b in graph.edges
-        if (la := layer_of(a)) is not None and (lb := layer_of(b)) is not None and lb < la
+        if (la := layer_of(a)) is not None and (lb := layer_of(b)) is not None
+        and (lb < la or (lb == la and package_of(a) != package_of(b)
+                         and len(LAYERS[la]) > 1 and la != len(LAYERS) - 1))
         and (a, b) not in UPWARD_EXCEPTIONS)
+
+
+def package_cycles(graph: nx.DiGraph) -> list[list[str]]:
+    """Return the groups of ``include`` packages that import each other round a circle."""
+    packages = nx.DiGraph()
+    packages.add_edges_from((package_of(a), package_of(b)) for a, b in graph.edges
+                            if package_of(a) != package_of(b))
+    return sorted(sorted(c) for c in nx.strongly_connected_components(packages) if len(c) > 1)
 
 
 def airflow_importers(root: Path = INCLUDE) -> dict[str, int]:
@@ -138,7 +160,8 @@ def test_every_package_of_include_is_in_a_layer() -> None:
 def test_no_layer_imports_a_higher_one() -> None:
     up = upward_imports(import_graph())
     assert not up, (
-        "imports up the layers (pipeline > stages > sglang > settings > storage > layout); move "
+        "imports up the layers (pipeline > four floors of stages > settings > sglang > storage > "
+        "leaves), or between siblings of a floor; move "
         f"the code down, or pass the answer in as an argument: {up}")
 
 
@@ -151,6 +174,23 @@ def test_the_layer_rule_catches_an_upward_import() -> None:
                                      ("include.storage.store", "include.settings.run")]
     # Every arrow points down: the layering has no exceptions to name.
     assert UPWARD_EXCEPTIONS == {}
+
+
+def test_no_package_import_circle() -> None:
+    circles = package_cycles(import_graph())
+    assert not circles, (
+        "packages of include/ importing each other round a circle (move the vocabulary or "
+        f"reader they share a floor down): {circles}")
+
+
+def test_the_floor_and_circle_rules_catch_a_planted_import() -> None:
+    up = nx.DiGraph([("include.durability.journal", "include.engine.outcome"),
+                     ("include.engine.pool", "include.durability.journal"),
+                     ("include.prompts.rows", "include.reporting.card"),
+                     ("include.generation.shard", "include.engine.dispatch")])
+    assert upward_imports(up) == [("include.durability.journal", "include.engine.outcome"),
+                                  ("include.prompts.rows", "include.reporting.card")]
+    assert package_cycles(up) == [["include.durability", "include.engine"]]
 
 
 def test_only_the_pipeline_and_the_hooks_import_airflow() -> None:

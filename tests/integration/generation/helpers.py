@@ -12,7 +12,7 @@ from include.generation.shard import build_shard_output
 from include.layout import shard_key
 from include.prompts.prepare import encode_record
 from include.storage import LocalStore
-from include.tokenization import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from include.durability.journal import StoreJournal
+from include.durability.journal import StoreJournal, load_journal_records
 from include.engine.dispatch import run_shard
-from include.generation.shard import load_journal_records, publish_shard
+from include.generation.shard import publish_shard
 from include.layout import journal_prefix
 from include.storage import LocalStore
 from tests.integration.generation.helpers import (

@@ -14,7 +14,8 @@ import pytest
 from include.durability.journal import FileJournal
 from include.engine.dispatch import run_shard
 from include.generation.shard import build_shard_output
-from include.tokenization import load_tokenizer, tokenize_completions
+from include.target_tokenizer import load_tokenizer
+from include.tokenization import tokenize_completions
 from sglang_standin.testing import read_sampled_log
 from tests.integration.generation.helpers import (
     assert_accounted,

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from include.durability.journal import FileJournal, StoreJournal
+from include.durability.journal import FileJournal, StoreJournal, load_journal_records
 from include.engine.dispatch import GenerationError, run_shard
-from include.generation.shard import generate_shard, load_journal_records
+from include.generation.shard import generate_shard
 from include.storage import LocalStore
 from tests.fixtures.settings import deployment_env, run_settings
 from tests.integration.generation.helpers import (

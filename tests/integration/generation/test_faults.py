@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from include.durability.journal import FileJournal, StoreJournal
-from include.engine.client import ErrorKind
+from include.durability.journal import FileJournal, StoreJournal, load_journal_records
 from include.engine.dispatch import GenerationError, run_shard
-from include.generation.shard import generate_shard, load_journal_records, publish_shard
+from include.generation.shard import generate_shard, publish_shard
 from include.layout import journal_prefix, output_keys
+from include.outcomes import ErrorKind
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings

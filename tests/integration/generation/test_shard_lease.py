@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from include.generation.shard import generate_shard, load_journal_records, publish_shard
+from include.durability.journal import load_journal_records
+from include.generation.shard import generate_shard, publish_shard
 from include.layout import journal_prefix, lease_key, output_keys
 from include.storage import LocalStore
 from tests.fixtures.settings import run_settings

@@ -10,7 +10,7 @@ import pytest
 from include.durability.journal import FileJournal
 from include.engine.dispatch import run_shard
 from include.engine.variants import variant_of
-from include.tokenization import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 from tests.integration.generation.helpers import assert_accounted, engine_config, make_prompts
 
 pytestmark = pytest.mark.integration

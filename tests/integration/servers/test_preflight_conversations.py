@@ -14,7 +14,7 @@ import pytest
 
 from include.engine.conversing import first_request
 from include.servers.first_requests import preflight_run
-from include.tokenization import count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 from tests.fixtures.standins import standins  # noqa: F401 - the fixture is used by name
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from include.conversations.affinity import Choice, ServerView, choose_server
-from include.engine.server_states import ServerStatus
+from include.outcomes import ServerStatus
 
 IN_ROTATION, RESTING, EJECTED = ServerStatus
 

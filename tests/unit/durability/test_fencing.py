@@ -18,9 +18,9 @@ import pytest
 
 from include.durability import journal as journal_module
 from include.durability.claims import wait_for_turn
-from include.durability.journal import StoreJournal
+from include.durability.journal import StoreJournal, load_journal_records
 from include.durability.lease import LeaseState
-from include.generation.shard import load_journal_records, publish_shard
+from include.generation.shard import publish_shard
 from include.layout import journal_prefix, lease_key, shard_key
 from include.prompts.prepare import encode_record
 from include.storage import LocalStore

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from include.durability.journal import StoreJournal, compact, read_segments
-from include.generation.shard import load_journal_records, publish_shard
+from include.durability.journal import StoreJournal, compact, load_journal_records, read_segments
+from include.generation.shard import publish_shard
 from include.layout import compacted_keys, journal_prefix, shard_key
 from include.prompts.prepare import encode_record
 from include.storage import LocalStore

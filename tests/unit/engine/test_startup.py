@@ -12,7 +12,7 @@ from include.engine.dispatch import EngineConfig, _Run
 from include.engine.pool import ServerPool
 from include.engine.startup import PromptCounter, take_sure_fits, template_bytes
 from include.sglang.length import token_budget
-from include.tokenization import TokenizerError, count_prompt_tokens, load_tokenizer
+from include.target_tokenizer import TokenizerError, count_prompt_tokens, load_tokenizer
 from sglang_standin.tokenizer import build_chat_tokenizer
 
 

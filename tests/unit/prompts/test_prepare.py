@@ -289,7 +289,7 @@ def test_prompt_ids_are_source_config_and_row_id(make_settings, sample_dir) -> N
 
 
 def test_length_bounds_in_tokens_of_the_target_tokenizer(make_settings, tmp_path) -> None:
-    from include.tokenization import count_prompt_tokens, load_tokenizer
+    from include.target_tokenizer import count_prompt_tokens, load_tokenizer
     from sglang_standin.tokenizer import build_chat_tokenizer
 
     tok_dir = build_chat_tokenizer(tmp_path / "tok")

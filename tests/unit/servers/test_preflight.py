@@ -116,7 +116,7 @@ def test_a_worker_tokenizer_that_renders_otherwise_than_the_servers_fails_prefli
     from types import SimpleNamespace
 
     from include.servers.first_requests import tokenizer_render_problem
-    from include.tokenization import load_tokenizer
+    from include.target_tokenizer import load_tokenizer
     from sglang_standin.tokenizer import build_chat_tokenizer
 
     tok = load_tokenizer(str(build_chat_tokenizer(tmp_path / "tok")))
@@ -191,7 +191,7 @@ def test_preflight_run_sends_a_conversations_first_turn_ending_on_a_user_turn(
     from types import SimpleNamespace
 
     from include.servers.first_requests import preflight_run
-    from include.tokenization import count_prompt_tokens, load_tokenizer
+    from include.target_tokenizer import count_prompt_tokens, load_tokenizer
     from sglang_standin.tokenizer import build_chat_tokenizer
 
     tokenizer = build_chat_tokenizer(tmp_path / "tok")

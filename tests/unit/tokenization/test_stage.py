@@ -411,7 +411,7 @@ def test_the_empty_think_block_is_read_off_the_template(
 ) -> None:
     import copy
 
-    from include.tokenization import TokenizerError
+    from include.target_tokenizer import TokenizerError
 
     assert chat.empty_think_closing() == "<think>\n\n</think>"
     other = copy.deepcopy(hf_tokenizer)
