@@ -433,7 +433,7 @@ def run_shard(
     """Generate completions for one shard; return its outcome once every prompt is final.
 
     ``prompt_tokens`` returns P for a batch of conversations (use
-    ``include.tokenization.count_prompt_tokens`` with the target tokenizer). Raises
+    ``include.target_tokenizer.count_prompt_tokens`` with the target tokenizer). Raises
     GenerationError on a wrong API key, a journal that cannot be written, or when no server
     is in rotation for ``all_down_timeout_s``; everything finished before is in the journal
     and a re-run resumes from it.

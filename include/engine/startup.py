@@ -53,7 +53,7 @@ class PromptCounter:
     """Counts prompt tokens with the target tokenizer, loaded on a thread from construction.
 
     Called as ``counter(conversations, enable_thinking=...)`` it returns P per conversation
-    (``include.tokenization.count_prompt_tokens``), waiting for the tokenizer if need be; a
+    (``include.target_tokenizer.count_prompt_tokens``), waiting for the tokenizer if need be; a
     failed load raises its error there.
     """
 

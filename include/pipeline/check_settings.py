@@ -70,7 +70,7 @@ def _check_source(index: int, run: RunSettings) -> None:
 def _check_tokenizer(run: RunSettings) -> None:
     if not run.tokenizer_path:
         return
-    from include.tokenization import load_tokenizer
+    from include.target_tokenizer import load_tokenizer
 
     try:
         load_tokenizer(run.tokenizer_path)

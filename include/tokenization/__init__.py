@@ -1,11 +1,6 @@
-"""Tokenizer access shared by every stage, and the tokenization stage itself."""
+"""The tokenization stage: completions in, training rows out (the target's tokenizer is
+``include.target_tokenizer``, a leaf every stage imports directly)."""
 
-from include.target_tokenizer import (
-    TokenizerError,
-    count_prompt_tokens,
-    load_tokenizer,
-    render_prompts,
-)
 from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
@@ -26,10 +21,6 @@ __all__ = [
     "Sample",
     "TokenizeOptions",
     "TokenizeResult",
-    "TokenizerError",
-    "count_prompt_tokens",
-    "load_tokenizer",
-    "render_prompts",
     "tokenize_completions",
     "tokenize_shard",
 ]

@@ -41,7 +41,7 @@ def engine(monkeypatch) -> list[str]:
             summary=lambda: f"{shard_id}: done")
 
     monkeypatch.setattr(shard_stage, "run_shard", run_shard)
-    monkeypatch.setattr("include.tokenization.load_tokenizer", lambda path: None)
+    monkeypatch.setattr("include.target_tokenizer.load_tokenizer", lambda path: None)
     return ran
 
 
