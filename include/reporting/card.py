@@ -231,7 +231,9 @@ def _held_out_line(prompts_manifest: Mapping[str, Any]) -> str:
                 "a drafter trained on this run cannot be measured on its own data")
     per = ", ".join(f"{s} {n:,}" for s, n in held.get("per_source", {}).items())
     return (f"- Held-out split: {held['count']:,} prompts ({per}) in `{held['key']}`, in no "
-            "training export: measure drafters on them (the `evaluate_drafter` DAG)")
+            "training export: measure drafters on them (the `evaluate_drafter` DAG); each "
+            "evaluation's report and \"measured value\" section land in "
+            "`eval/evaluations/<airflow run id>/` (`report.md`, `card-section.md`)")
 
 
 def _text_rule_lines(prompts_manifest: Mapping[str, Any]) -> list[str]:
