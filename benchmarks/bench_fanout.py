@@ -27,7 +27,7 @@ from benchmarks.common import Sampler, bench_settings, realistic_prompts, standi
 from include.generation.shard import generate_shard
 from include.layout import MANIFEST_KEY, shard_id, shard_key
 from include.pipeline.prepare_prompts import stagger
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.settings import RunSettings
 from include.storage import LocalStore
 

@@ -44,7 +44,7 @@ from benchmarks.common import (
 from include.durability.journal import FileJournal
 from include.engine.dispatch import EngineConfig, run_shard
 from include.layout import shard_key
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.storage import LocalStore
 from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 

@@ -73,7 +73,7 @@ def _split_0523(text: str) -> tuple[str, str]:
 
 def measure(tokenizer: Any, tok_dir: str, n: int, rate: float, max_tokens: int) -> dict:
     """Return the counts for one non-canonical rate (servers started and stopped here)."""
-    from include.tokenization.stage import ChatTokenizer, TokenizeOptions, tokenize_completions
+    from include.tokenization import ChatTokenizer, TokenizeOptions, tokenize_completions
     from sglang_standin.testing import ThreadServer
 
     rng = random.Random(7)

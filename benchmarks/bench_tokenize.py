@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from transformers import AutoTokenizer
 
-    from include.tokenization.stage import ChatTokenizer, TokenizeOptions, tokenize_completions
+    from include.tokenization import ChatTokenizer, TokenizeOptions, tokenize_completions
     from sglang_standin.tokenizer import build_chat_tokenizer
 
     t0 = time.perf_counter()

@@ -59,7 +59,7 @@ def _check_source(index: int, run: RunSettings) -> None:
         except OSError as exc:
             raise SettingsError(f"{where}: cannot read {f!r} ({exc.strerror}); make it "
                                 "readable by the Airflow workers") from None
-    from include.prompts.prepare import check_layout
+    from include.prompts.sources import check_layout
 
     try:
         check_layout(source)  # the first row: its columns fit the kind and the filters

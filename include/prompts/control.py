@@ -81,7 +81,7 @@ class ControlTokens:
                         "tokenizer: the server would read it as that token, not as text")
         return None
 
-    def describe(self) -> dict[str, Any]:
+    def to_manifest(self) -> dict[str, Any]:
         """Return the rule as the prepare manifest records it."""
         return {"tokens": sorted(self.tokens), "markup_outside_user_turns": sorted(self.markup)}
 

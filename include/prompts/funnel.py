@@ -16,7 +16,7 @@ from include.prompts.errors import PrepareError
 from include.settings import PREPARATION_SETTINGS, RunSettings
 
 #: Every reason a row can be dropped for, in the order they are checked.
-DROP_REASONS = (
+PREPARE_DROP_REASONS = (
     "malformed",
     "unknown_role",
     "no_user_turn",
@@ -68,8 +68,8 @@ class SourceFunnel:
             "kind": self.kind,
             "read": self.read,
             "kept": self.kept,
-            "dropped": {r: self.dropped[r] for r in DROP_REASONS if self.dropped[r]},
-            "drop_samples": {r: self.samples[r] for r in DROP_REASONS if r in self.samples},
+            "dropped": {r: self.dropped[r] for r in PREPARE_DROP_REASONS if self.dropped[r]},
+            "drop_samples": {r: self.samples[r] for r in PREPARE_DROP_REASONS if r in self.samples},
         }
 
 
@@ -91,8 +91,8 @@ def build_manifest(
         "preparation_fingerprint": settings.fingerprint(PREPARATION_SETTINGS),
         "preparation_settings": settings.subset(PREPARATION_SETTINGS),
         "length_unit": length_unit,
-        "drop_reasons": list(DROP_REASONS),
-        "control_tokens": (control.describe() if isinstance(control, ControlTokens)
+        "drop_reasons": list(PREPARE_DROP_REASONS),
+        "control_tokens": (control.to_manifest() if isinstance(control, ControlTokens)
                            else {"unchecked": control or "no tokenizer"}),
         "sources": {f.name: f.to_dict() for f in funnels},
         "totals": {
@@ -113,9 +113,8 @@ FUNNEL_WIDTH = 120
 
 def format_funnel(manifest: dict[str, Any]) -> str:
     """Return the manifest's funnel as a fixed-width table (one row per source)."""
-    reasons = [
-        r for r in DROP_REASONS if any(s["dropped"].get(r) for s in manifest["sources"].values())
-    ]
+    sources = manifest["sources"].values()
+    reasons = [r for r in PREPARE_DROP_REASONS if any(s["dropped"].get(r) for s in sources)]
     header = ["source", "read", "kept", *reasons]
     rows = [
         [name, str(s["read"]), str(s["kept"]), *(str(s["dropped"].get(r, 0)) for r in reasons)]

@@ -28,38 +28,14 @@ from typing import Any
 
 from include.layout import MANIFEST_KEY, PROMPTS_PREFIX
 from include.prompts.dedupe import Kept, KeySet, dedupe, load_existing_keys
-from include.prompts.encoding import encode_record
-from include.prompts.errors import PrepareError
-from include.prompts.funnel import DROP_REASONS, SourceFunnel, build_manifest, format_funnel
+from include.prompts.funnel import SourceFunnel, build_manifest, format_funnel
 from include.prompts.held_out import hold_out, write_held_out
 from include.prompts.readers import resolve_files
-from include.prompts.shards import (
-    apply_quota,
-    plan_shards,
-    read_shard,
-    read_shard_by_id,
-    shuffled_order,
-    write_shards,
-)
-from include.prompts.sources import check_layout, control_tokens, length_counter, map_source
+from include.prompts.shards import apply_quota, plan_shards, shuffled_order, write_shards
+from include.prompts.sources import control_tokens, length_counter, map_source
 from include.prompts.workers import map_in_order, usable_cpus
 from include.settings import RunSettings, SourceSettings
 from include.storage import Store, open_store
-
-# Importers elsewhere (the DAG's tasks, generation, reporting, settings checks, tests and
-# benchmarks) import these names from here.
-__all__ = [
-    "DROP_REASONS",
-    "PrepareError",
-    "check_layout",
-    "encode_record",
-    "format_funnel",
-    "load_existing_keys",
-    "plan_shards",
-    "prepare_prompts",
-    "read_shard",
-    "read_shard_by_id",
-]
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from include.reporting.gates import GateResult, QualityGates, evaluate_gates
 from include.reporting.throughput import throughput
 from include.reporting.trainers import export_figures, write_run_export
 from include.storage import ObjectExistsError, Store
-from include.tokenization.stage import length_stats
+from include.tokenization.outputs import length_stats
 
 log = logging.getLogger(__name__)
 

@@ -5,16 +5,16 @@ from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
 from include.tokenization.outputs import (
-    DROP_REASONS,
     QUALITY_REASONS,
     QUARANTINE_REASONS,
+    TOKENIZE_DROP_REASONS,
     Sample,
     TokenizeResult,
 )
 from include.tokenization.stage import tokenize_shard
 
 __all__ = [
-    "DROP_REASONS",
+    "TOKENIZE_DROP_REASONS",
     "QUALITY_REASONS",
     "QUARANTINE_REASONS",
     "ChatTokenizer",

@@ -47,7 +47,7 @@ QUARANTINE_REASONS = (
 #: Where a sample's ids come from: the server's own, or the raw text encoded by the stage.
 TOKEN_SOURCES = ("server", "text")
 #: Why a record was kept out because a setting excludes it.
-DROP_REASONS = ("truncated_completion", "over_length")
+TOKENIZE_DROP_REASONS = ("truncated_completion", "over_length")
 
 
 @dataclass
@@ -115,7 +115,7 @@ class TokenizeResult:
                 "input": self.input_records,
                 "written": len(self.samples),
                 "quarantined": {r: quarantined.get(r, 0) for r in QUARANTINE_REASONS},
-                "dropped": {r: dropped.get(r, 0) for r in DROP_REASONS},
+                "dropped": {r: dropped.get(r, 0) for r in TOKENIZE_DROP_REASONS},
                 "truncated_to_max_length": self.truncated_to_max_length,
                 "token_source": {k: self.token_source.get(k, 0) for k in TOKEN_SOURCES},
                 "retokenized_text_differs": self.retokenized_text_differs,

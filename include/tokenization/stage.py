@@ -19,28 +19,6 @@ from include.target_tokenizer import load_tokenizer
 from include.tokenization.assembly import TokenizeOptions
 from include.tokenization.chat import ChatTokenizer
 from include.tokenization.checks import tokenize_completions
-from include.tokenization.outputs import (
-    DROP_REASONS,
-    QUARANTINE_REASONS,
-    Sample,
-    TokenizeResult,
-    length_stats,
-)
-
-# Importers elsewhere (the DAG's tasks, reporting, tests and benchmarks) import these names
-# from here.
-__all__ = [
-    "DROP_REASONS",
-    "QUARANTINE_REASONS",
-    "ChatTokenizer",
-    "Sample",
-    "TokenizeOptions",
-    "TokenizeResult",
-    "length_stats",
-    "tokenize_completions",
-    "tokenize_run_shard",
-    "tokenize_shard",
-]
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from include.generation.shard import generate_shard, publish_shard
 from include.pipeline.binding import open_run_store
-from include.prompts.funnel import DROP_REASONS
+from include.prompts.funnel import PREPARE_DROP_REASONS
 from include.prompts.plan import prepare_or_reuse
 from include.target_tokenizer import load_tokenizer
 from include.tokenization.stage import tokenize_run_shard
@@ -172,7 +172,7 @@ def test_hostile_rows_never_crash_never_change_an_ordinary_row_and_all_are_accou
         f = funnel[kind]
         assert f["read"] == len(sources[kind]), kind
         assert f["kept"] + sum(f["dropped"].values()) == f["read"], kind
-        assert set(f["dropped"]) <= set(DROP_REASONS), f["dropped"]
+        assert set(f["dropped"]) <= set(PREPARE_DROP_REASONS), f["dropped"]
     ended: dict[str, str] = {rid: "row" for rid in got["rows"]}
     for g in got["generated"]:
         ended.update({e["id"]: e["reason"] for e in g["skipped"] + g["failed"]})

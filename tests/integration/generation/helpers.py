@@ -10,7 +10,7 @@ from include.engine.dispatch import EngineConfig
 from include.engine.window import parse_metrics
 from include.generation.shard import build_shard_output
 from include.layout import shard_key
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.storage import LocalStore
 from include.target_tokenizer import count_prompt_tokens, load_tokenizer
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from include.prompts import PrepareError, prepare_prompts
-from include.prompts.prepare import load_existing_keys
+from include.prompts.dedupe import load_existing_keys
 from include.storage import StoreError, check_readable
 from synthetic_sources import rows, write_json_array
 from tests.fixtures.s3 import Bucket

@@ -22,7 +22,7 @@ from include.durability.journal import StoreJournal, load_journal_records
 from include.durability.lease import LeaseState
 from include.generation.shard import publish_shard
 from include.layout import journal_prefix, lease_key, shard_key
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.storage import LocalStore
 
 SHARD = "shard-00000"

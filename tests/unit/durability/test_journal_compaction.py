@@ -7,7 +7,7 @@ import json
 from include.durability.journal import StoreJournal, compact, load_journal_records, read_segments
 from include.generation.shard import publish_shard
 from include.layout import compacted_keys, journal_prefix, shard_key
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.storage import LocalStore
 
 SHARD = "shard-00000"

@@ -18,7 +18,7 @@ from include.durability.lease import LeaseLost, newest, try_take
 from include.generation.shard import publish_shard
 from include.layout import beat_key, journal_prefix, lease_key, output_keys, shard_key
 from include.pipeline.airflow_state import airflow_run_is_live
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.storage import LocalStore
 
 SHARD = "shard-00000"

@@ -13,7 +13,7 @@ from include.generation.shard import generate_shard, publish_shard
 from include.layout import journal_settings_key, regeneration_prefix, shard_key, started_key
 from include.pipeline import generate as generate_task
 from include.pipeline.binding import outputs_uri
-from include.prompts.prepare import encode_record
+from include.prompts.encoding import encode_record
 from include.settings import RunSettings
 from include.settings.run import COMPLETION_SETTINGS
 from include.storage import LocalStore

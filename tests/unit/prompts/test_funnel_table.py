@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from include.prompts.funnel import DROP_REASONS, format_funnel
+from include.prompts.funnel import PREPARE_DROP_REASONS, format_funnel
 
 
 def test_funnel_with_every_reason_fits_120_columns_and_keeps_every_number() -> None:
     sources = {f"source_{i}_with_a_long_name": {
         "read": 1_000_000, "kept": 900_000,
-        "dropped": {r: 10_000 + n for n, r in enumerate(DROP_REASONS)}} for i in range(2)}
+        "dropped": {r: 10_000 + n for n, r in enumerate(PREPARE_DROP_REASONS)}} for i in range(2)}
     manifest = {"sources": sources, "totals": {"read": 2_000_000, "kept": 1_800_000}}
     table = format_funnel(manifest)
     lines = table.splitlines()
@@ -23,4 +23,4 @@ def test_funnel_with_every_reason_fits_120_columns_and_keeps_every_number() -> N
         assert rows[-1].startswith("TOTAL")
         total += rows[-1].split()[1:]
     assert total == ["2000000", "1800000",
-                     *(str(2 * (10_000 + n)) for n in range(len(DROP_REASONS)))]
+                     *(str(2 * (10_000 + n)) for n in range(len(PREPARE_DROP_REASONS)))]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from include.layout import MANIFEST_KEY
-from include.prompts import DROP_REASONS, PrepareError, prepare_prompts, read_shard
+from include.prompts import PREPARE_DROP_REASONS, PrepareError, prepare_prompts, read_shard
 from include.prompts.readers import SourceReadError
 from include.prompts.schemas import UnknownLayoutError
 from include.settings import RunSettings, SettingsError
@@ -59,7 +59,7 @@ def test_every_row_read_is_kept_in_one_shard_or_counted_under_one_reason(
     for name, funnel in manifest["sources"].items():
         assert funnel["read"] == funnel["kept"] + sum(funnel["dropped"].values()), name
         assert funnel["kept"] == sum(1 for p in prompts if p["source"] == name), name
-        assert set(funnel["dropped"]) <= set(DROP_REASONS)
+        assert set(funnel["dropped"]) <= set(PREPARE_DROP_REASONS)
     assert manifest["totals"]["kept"] == len(prompts)
     assert sum(s["count"] for s in manifest["shards"]) == len(prompts)
     assert all(s["count"] <= 37 for s in manifest["shards"])

@@ -16,7 +16,7 @@ from include.generation.shard import build_shard_output
 from include.layout import MANIFEST_KEY, pretokenized_key, shard_index, tokenized_keys
 from include.reporting.facts import encode_facts
 from include.storage import Store, publish_files, publish_generated_shard
-from include.tokenization.stage import Sample, TokenizeResult
+from include.tokenization.outputs import Sample, TokenizeResult
 
 T0 = 1_800_000_000.0
 

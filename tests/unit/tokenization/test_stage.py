@@ -16,7 +16,7 @@ from include.tokenization import (
     tokenize_shard,
 )
 from include.tokenization.checks import verify
-from include.tokenization.stage import QUARANTINE_REASONS, length_stats
+from include.tokenization.outputs import QUARANTINE_REASONS, length_stats
 
 
 @pytest.fixture(scope="module")
