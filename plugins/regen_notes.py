@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from airflow.listeners import hookimpl
@@ -28,42 +26,51 @@ PLAN_TASK = "prepare_prompts"
 NOTHING_TO_DO_KEY = "nothing_to_do"  # include/pipeline/prepare_prompts.py's NOTHING_TO_DO_KEY
 
 
-def note_for(dag_run: Any) -> str | None:
+def note_for(session: Any, dag_run: Any) -> str | None:
     """Return the ``nothing_to_do`` sentence ``prepare_prompts`` left for ``dag_run``, or None."""
     from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
     from sqlalchemy import select
-    from sqlalchemy.orm import object_session
 
-    # The session deciding the run's state when there is one (SQLite: no second connection
-    # waiting on the first one's lock).
-    session = object_session(dag_run)
-    with create_session() if session is None else _as_is(session) as session:
-        row = session.execute(
-            select(XComModel.value).where(
-                XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id,
-                XComModel.task_id == PLAN_TASK, XComModel.key == NOTHING_TO_DO_KEY,
-                XComModel.map_index == -1)).first()
+    row = session.execute(
+        select(XComModel.value).where(
+            XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id,
+            XComModel.task_id == PLAN_TASK, XComModel.key == NOTHING_TO_DO_KEY,
+            XComModel.map_index == -1)).first()
     return str(XComModel.deserialize_value(row)) if row is not None else None
 
 
-@contextmanager
-def _as_is(session: Any) -> Iterator[Any]:
-    yield session
+def _write_note(session: Any, dag_run: Any) -> None:
+    if dag_run.note:  # a person's note is kept
+        return
+    sentence = note_for(session, dag_run)
+    if sentence:
+        dag_run.note = sentence[:1000]  # the note's column holds 1,000 characters
 
 
 @hookimpl
 def on_dag_run_success(dag_run: Any, msg: str) -> None:
     """Note a finished run that had nothing to do (a note someone wrote is kept)."""
-    if dag_run.dag_id != DAG_ID or dag_run.note:
+    if dag_run.dag_id != DAG_ID:
         return
+    from sqlalchemy.orm import object_session
+
     try:
-        sentence = note_for(dag_run)
-    except Exception:  # noqa: BLE001 - a note is a courtesy: never fail the scheduler's loop
-        log.exception("could not read %s's %s for the run's note", PLAN_TASK, NOTHING_TO_DO_KEY)
-        return
-    if sentence:
-        dag_run.note = sentence[:1000]  # committed with the run's new state (1,000 at most)
+        session = object_session(dag_run)
+        if session is not None:  # the scheduler's session: committed with the run's state
+            _write_note(session, dag_run)
+            return
+        # A run no session holds (`airflow dags test` passes one): read and write it in a
+        # transaction of our own.
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+
+        with create_session() as own:
+            run = own.get(DagRun, dag_run.id)
+            if run is not None:
+                _write_note(own, run)
+    except Exception:  # noqa: BLE001 - a note is a courtesy: never fail the run's end
+        log.warning("could not write the run's note from %s's %s", PLAN_TASK, NOTHING_TO_DO_KEY,
+                    exc_info=True)
 
 
 class RegenNotesPlugin(AirflowPlugin):

@@ -263,7 +263,8 @@ def throughput(produced: list[ShardFacts]) -> dict[str, Any]:
     return {
         "start": round(start, 3), "end": round(end, 3), "wall_s": round(wall, 3),
         "generating_s": round(generating_s, 3),
-        "output_tokens": out_tokens, "output_tokens_per_s": round(rate, 2),
+        # Rounded as the monitor rounds it: the pages show the same digits.
+        "output_tokens": out_tokens, "output_tokens_per_s": round(rate, 1),
         "bin_s": bin_s, "timeline": _timeline(comps, segments, start, bin_s, servers),
         "per_server": per_server, "drains": drains, "retries": retries,
         "server_time": server_time(comps, segments, start, end),
