@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 
 PROMPTS_PREFIX = "prompts"
 #: The prepare stage's manifest: its funnel, and the list of prompt shards.
@@ -143,6 +144,28 @@ def journal_settings_key(shard: str) -> str:
     listing of ``journal/`` finds every shard's record without touching a segment.
     """
     return f"{journal_prefix(shard)}{JOURNAL_SETTINGS_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """Every key of one shard, built once from its id: what its journal, its start marker,
+    its settings record and its published output are called (the functions above)."""
+
+    shard: str
+    index: int
+    journal: str
+    started: str
+    settings: str
+    completions: str
+    manifest: str
+
+
+def shard_keys(shard: str) -> ShardKeys:
+    """Return the keys of shard ``shard`` (``shard-00042``); raises ValueError for a non-id."""
+    index = shard_index(shard)
+    completions, manifest = generated_keys(index)
+    return ShardKeys(shard, index, journal_prefix(shard), started_key(shard),
+                     journal_settings_key(shard), completions, manifest)
 
 
 def compacted_keys(prefix: str) -> tuple[str, str]:

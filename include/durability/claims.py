@@ -1,12 +1,5 @@
-"""One run generates a shard at a time: who may take a shard's next lease generation, and when.
-
-Two runs can select the same shard: a shard-range backfill triggered while the first run is
-still generating, or a run re-triggered before the last one ended; and two tries of one run
-can overlap (a zombie try Airflow gave up on, and its retry). The journal keeps the output
-exactly-once either way (records merge by prompt id), but both would spend GPU time on the
-same prompts, and only one may publish. So each generating try holds the shard's lease
-(``include.durability.lease``: create-only generations, a heartbeat, a fencing token), and a
-try that finds it held waits:
+"""Who may take a shard's next lease generation, and when: the waiting side of one writer per
+shard (the story: ``include.durability``'s docstring).
 
 * held and renewed: wait (whoever holds it, this run's own zombie try included);
 * held, no renewal seen for the holder's TTL (by this machine's monotonic clock): the

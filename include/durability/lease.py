@@ -1,4 +1,5 @@
-"""One writer per shard: a lease taken create-only in the run's store, renewed by a heartbeat.
+"""A shard's lease: taken create-only in the run's store, renewed by a heartbeat (why: the
+package docstring, ``include.durability``).
 
 Keys, under the shard's journal prefix ``journal/<shard>/`` (docs/data-layout.md, Leases; built
 by ``include.layout``):

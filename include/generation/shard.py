@@ -1,8 +1,9 @@
 """Run one prompt shard of a run through the engine, and build the shard's output files.
 
 The generate and upload tasks' stage (``include.pipeline.generate`` / ``upload`` call it):
-the lease, the waits for a slot and for the leader's progress, the engine, and publishing the
-journal as the shard's completions. Keys come from ``include.layout``; whatever Airflow is
+read the prompts, wait for a slot, open the writer, run the engine; then publish. Durability
+(the journal, the one writer per shard: its story is ``include.durability``'s docstring) is
+reached through its one door, ``include.durability.door.ShardDurability``. Whatever Airflow is
 asked comes in as a callable (``is_live``, ``slot_free``).
 """
 
@@ -14,26 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from include.durability.claims import wait_for_turn
-from include.durability.journal import (
-    StoreJournal,
-    compact,
-    merge_lines,
-    prompt_records,
-    read_segments,
-)
-from include.durability.journal_settings import (
-    check_shard_journal,
-    record_shard_settings,
-    regeneration_reason,
-)
-from include.durability.lease import LEASE_TTL_S, Lease, check_token
+from include.durability.door import ShardDurability
 from include.engine.config import EngineConfig
 from include.engine.dispatch import run_shard
 from include.engine.outcome import PromptStatus, check_accounting
 from include.engine.startup import PromptCounter
 from include.jsonl import escape_breaks
-from include.layout import MANIFEST_KEY, journal_prefix, output_keys, shard_index, started_key
+from include.layout import MANIFEST_KEY, shard_index
 from include.prompts import read_shard_by_id
 from include.reporting.facts import encode_facts
 from include.settings import RunSettings
@@ -53,59 +41,30 @@ def generate_shard(
     run_id: str | None = None,
     is_live: Callable[[str], bool] | None = None,
     slot_free: Callable[[], bool] | None = None,
-    lease_ttl_s: float = LEASE_TTL_S,
+    lease_ttl_s: float | None = None,
     **engine_overrides: Any,
 ) -> dict[str, Any]:
     """Generate a shard's completions into its journal; return a summary for XCom and logs.
 
     ``store`` is where outputs go (default: the run's location), ``prompts_store`` where the
-    prompt shards are (default: ``store``). A shard whose output manifest exists is done and
-    is not run again. Otherwise the engine resumes from the journal in ``store``, so a retry
-    on any worker picks up where the last try stopped. ``wait_for`` (``{"shard_id",
-    "fraction"}``, see ``include.pipeline.prepare_prompts.stagger``) delays the start until
-    that shard has finished that share of its prompts. With ``run_id`` (every Airflow try), the try
-    first takes the shard's lease (``include.durability.claims``; ``is_live`` says whether
-    another run may still publish, ``lease_ttl_s`` is how soon a dead try's lease expires),
-    renews it while it generates, stops with LeaseLost if it loses it, and returns the lease
-    generation as ``summary["lease"]``, the fencing token ``publish_shard`` checks. With
-    ``slot_free`` (whether one of the run's generation slots is free, asked of Airflow by the
-    pipeline) the shard is queued ahead: it sets up first (tokenizer, prompts) and then waits
-    for a slot, so it sends its first request as soon as a slot frees instead of after its
-    task's start-up.
+    prompt shards are (default: ``store``). A published shard is not run again; otherwise the
+    engine resumes from the journal in ``store``, so a retry on any worker picks up where the
+    last try stopped. With ``slot_free`` (asked of Airflow by the pipeline) the shard is
+    queued ahead: set up first (tokenizer, prompts), it sends its first request as soon as a
+    slot frees. ``wait_for`` (``{"shard_id", "fraction"}``, see
+    ``include.pipeline.prepare_prompts.stagger``) delays the start until that shard has
+    finished that share of its prompts. ``run_id``, ``is_live`` and ``lease_ttl_s`` are the
+    writer's turn (``ShardDurability.open``); the summary's ``"lease"`` is the fencing token
+    ``publish_shard`` checks.
     """
     store = store or open_store(settings.run_uri)
     prompts_store = prompts_store or store
-    # Before anything else, a shard done or half done under other settings is refused.
-    check_shard_journal(settings, store, shard_id)
-    _, manifest_key = output_keys(shard_id)
-    if store.exists(manifest_key):
-        manifest = json.loads(store.read(manifest_key))
-        log.info("%s: already generated (%s); nothing to do", shard_id, store.uri(manifest_key))
-        return {"shard_id": shard_id, "already_done": True, "counts": manifest["counts"]}
-    if run_id is None:  # a manual run (the CLI, tests): no lease, as the operator chose
-        return _generate(settings, shard_id, server_urls, store, prompts_store, wait_for,
-                         slot_free, None, engine_overrides)
-    lease = wait_for_turn(store, shard_id, journal_prefix(shard_id), run_id, is_live,
-                          done=lambda: store.exists(manifest_key),
-                          poll_s=min(5.0, lease_ttl_s / 4), ttl_s=lease_ttl_s)
-    if lease is None:
-        manifest = json.loads(store.read(manifest_key))
-        return {"shard_id": shard_id, "already_done": True, "counts": manifest["counts"]}
-    complete = False
-    try:
-        summary = _generate(settings, shard_id, server_urls, store, prompts_store, wait_for,
-                            slot_free, lease, engine_overrides)
-        lease.confirm()  # checked before the summary vouches for the journal
-        complete = True
-        return {**summary, "lease": lease.token}
-    finally:
-        lease.release(complete)
-
-
-def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], store: Store,
-              prompts_store: Store, wait_for: dict[str, Any] | None,
-              slot_free: Callable[[], bool] | None, lease: Lease | None,
-              engine_overrides: dict[str, Any]) -> dict[str, Any]:
+    durability = ShardDurability(store, shard_id)
+    manifest = durability.published(settings)  # refuses a journal under other settings first
+    if manifest is not None:
+        log.info("%s: already generated (%s); nothing to do", shard_id,
+                 store.uri(durability.keys.manifest))
+        return _already_done(shard_id, manifest)
     # Loaded on a thread while the prompts are read and the servers asked; the first
     # requests need not wait for it (``startup``).
     counter = PromptCounter(settings.tokenizer_path or settings.model_path,
@@ -114,47 +73,39 @@ def _generate(settings: RunSettings, shard_id: str, server_urls: list[str], stor
     config = EngineConfig.from_settings(settings, **engine_overrides)
     if slot_free is not None:
         wait_for_slot(shard_id, slot_free)
-    if lease is not None:
-        lease.check()  # the waits above can be long: no start marker from a lost holder
-    extra = {}
-    if settings.force_regenerate and prompts_store.root != store.root:
-        # The run's own location holds the journal this regeneration replaces.
-        extra["regeneration"] = {
-            "reason": regeneration_reason(settings, prompts_store, shard_id),
-            "earlier_journal": prompts_store.uri(journal_prefix(shard_id))}
-    record = record_shard_settings(settings, store, shard_id, **extra)
-    store.write_new(started_key(shard_id), b"")
-    if wait_for:
-        wait_for_progress(store, prompts_store, shard_id, wait_for["shard_id"],
-                          wait_for["fraction"])
-    log.info(
-        "%s: %d prompts -> %d servers %s | model %s, context_length %d, max_tokens cap %d, "
-        "concurrency %s (start %d per server) | journal %s",
-        shard_id, len(prompts), len(server_urls), server_urls, config.model,
-        config.context_length, config.max_tokens, config.concurrency_mode,
-        config.in_flight_per_server, store.uri(journal_prefix(shard_id)),
-    )
-    journal = StoreJournal(store, journal_prefix(shard_id),
-                           fence=lease.check if lease else None,
-                           tag=f"{lease.generation:08d}" if lease else "")
-    started_at = time.time()  # wall clock: the monitor's average over generation time
-    try:
+    with durability.open(settings, run_id=run_id, is_live=is_live, ttl_s=lease_ttl_s,
+                         earlier=prompts_store) as journal:
+        if journal is None:  # published meanwhile by another run
+            return _already_done(shard_id, durability.published())
+        if wait_for:
+            wait_for_progress(store, prompts_store, shard_id, wait_for["shard_id"],
+                              wait_for["fraction"])
+        log.info(
+            "%s: %d prompts -> %d servers %s | model %s, context_length %d, max_tokens cap %d, "
+            "concurrency %s (start %d per server) | journal %s",
+            shard_id, len(prompts), len(server_urls), server_urls, config.model,
+            config.context_length, config.max_tokens, config.concurrency_mode,
+            config.in_flight_per_server, store.uri(durability.keys.journal),
+        )
+        started_at = time.time()  # wall clock: the monitor's average over generation time
         # A sampling variant with the other thinking value is counted as it renders.
         outcome = run_shard(shard_id, prompts, server_urls, journal, config, counter)
-    finally:
-        journal.close()
     log.info("%s", outcome.summary())
-    recorded = {"settings_fingerprint": record["fingerprint"],
-                **({"regeneration": record["regeneration"]} if "regeneration" in record else {})}
     return {
-        **recorded, "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
+        "shard_id": shard_id, "already_done": False, "counts": outcome.counts,
         "truncated": outcome.truncated, "resumed": outcome.resumed,
         "elapsed_s": round(outcome.elapsed_s, 3), "output_tokens": outcome.output_tokens,
         "started_at": round(started_at, 3), "finished_at": round(time.time(), 3),
         "requests": outcome.requests, "retries": outcome.retries,
         "retried_failures": outcome.retried_failures, "servers": outcome.servers,
         **({"conversations": outcome.conversations} if outcome.conversations else {}),
+        **durability.stamp,
     }
+
+
+def _already_done(shard_id: str, manifest: dict[str, Any] | None) -> dict[str, Any]:
+    assert manifest is not None
+    return {"shard_id": shard_id, "already_done": True, "counts": manifest["counts"]}
 
 
 def wait_for_slot(shard_id: str, slot_free: Callable[[], bool], *, poll_s: float = 0.5,
@@ -212,27 +163,22 @@ def wait_for_progress(
     """
     shards = json.loads(prompts_store.read(MANIFEST_KEY))["shards"]
     need = fraction * shards[shard_index(leader)]["count"]
+    leading = ShardDurability(store, leader)
     began = time.monotonic()
     last_done, last_change = -1, began
-    read_segments: set[str] = set()
-    finished: dict[str, dict[str, Any]] = {}
     log.info("%s: staggered start, waiting for %s to finish %.0f%% of its prompts",
              shard_id, leader, 100 * fraction)
     while True:
         now = time.monotonic()
-        if store.exists(output_keys(leader)[1]):
+        progress = leading.progress()
+        if progress.published:
             return
-        if not store.exists(started_key(leader)):
+        if not progress.started:
             if now - began >= start_grace_s:
                 log.info("%s: %s has not started; starting now", shard_id, leader)
                 return
         else:
-            # Segments never change once written: read each new one once.
-            for key in store.list(journal_prefix(leader)):
-                if key.endswith(".jsonl") and key not in read_segments:
-                    read_segments.add(key)
-                    merge_lines(store.read(key).splitlines(), finished)
-            done = len(finished)
+            done = progress.finished
             if done >= need:
                 log.info("%s: %s has finished %d prompts; starting", shard_id, leader, done)
                 return
@@ -315,57 +261,20 @@ def publish_shard(
     Checks the accounting first (every prompt exactly once), writes
     ``generated/<shard>.jsonl`` then its manifest (the commit marker), verifies checksums,
     and returns the manifest. ``generation`` (the generate summary: time, servers,
-    ejections) is kept in the manifest. A shard whose manifest exists is already published
-    and is returned as it is, so a retry never rewrites it. A summary with a lease token
-    (``generation["lease"]``) is fenced: LeaseLost, nothing written, when a newer lease
-    generation was taken since (this summary's holder was taken over: a late write); the
-    token is recorded in the manifest as ``"lease"``.
+    ejections) is kept in the manifest; its ``"lease"`` token fences a holder taken over
+    since (``ShardDurability.publish``). A published shard is returned as it is.
     """
-    from include.storage.publish import publish_generated_shard
 
-    _, manifest_key = output_keys(shard_id)
-    if store.exists(manifest_key):
-        log.info("%s: already published at %s", shard_id, store.uri(manifest_key))
-        compact_journal(store, shard_id)  # a retry after a compaction that failed
-        return json.loads(store.read(manifest_key))
-    token = (generation or {}).get("lease")
-    if token:
-        check_token(store, journal_prefix(shard_id), token["generation"], shard_id)
-    prompts = read_shard_by_id(prompts_store or store, shard_id)
-    segments = read_segments(store, journal_prefix(shard_id))
-    records: dict[str, dict[str, Any]] = {}
-    for _, lines in segments:
-        merge_lines(lines.splitlines(), records)
-    finals = prompt_records(records)
-    data, manifest = build_shard_output(shard_id, prompts, finals)
-    if generation and not generation.get("already_done"):
-        manifest["generation"] = {k: generation[k] for k in
-                                  ("elapsed_s", "started_at", "finished_at", "resumed",
-                                   "output_tokens", "requests",
-                                   "retries", "servers", "settings_fingerprint",
-                                   "regeneration", "conversations")
-                                  if k in generation}
-    if token:
-        # Again after the journal read, which can take a while. Past this point a newer
-        # holder appears only if this run ended or its generate task was cleared (see
-        # claims), and the manifest is create-only: one version is ever published.
-        check_token(store, journal_prefix(shard_id), token["generation"], shard_id)
-        manifest["lease"] = {"generation": token["generation"], "holder": token["holder"]}
-    result = publish_generated_shard(store, shard_index(shard_id), data, manifest,
-                                     encode_facts(finals.values()))
-    log.info("%s: published %d completions (%d skipped, %d failed) to %s", shard_id,
-             manifest["counts"][PromptStatus.COMPLETED], manifest["counts"][PromptStatus.SKIPPED],
-             manifest["counts"][PromptStatus.FAILED], store.uri(output_keys(shard_id)[0]))
-    compact_journal(store, shard_id, segments)
-    return result.manifest
+    def build(finals: dict[str, dict[str, Any]]) -> tuple[bytes, dict[str, Any], bytes]:
+        prompts = read_shard_by_id(prompts_store or store, shard_id)
+        data, manifest = build_shard_output(shard_id, prompts, finals)
+        if generation and not generation.get("already_done"):
+            manifest["generation"] = {k: generation[k] for k in
+                                      ("elapsed_s", "started_at", "finished_at", "resumed",
+                                       "output_tokens", "requests",
+                                       "retries", "servers", "settings_fingerprint",
+                                       "regeneration", "conversations")
+                                      if k in generation}
+        return data, manifest, encode_facts(finals.values())
 
-
-def compact_journal(store: Store, shard_id: str,
-                    segments: list[tuple[str, bytes]] | None = None) -> None:
-    """Compact a published shard's journal (``journal.compact``); a failure only logs: the
-    shard is published either way, and the segments still hold the journal."""
-    try:
-        compact(store, journal_prefix(shard_id), segments)
-    except Exception as exc:  # noqa: BLE001 - an optimisation for readers, never a failure
-        log.warning("%s: compacting the journal failed (%s); readers use its segments",
-                    shard_id, exc)
+    return ShardDurability(store, shard_id).publish((generation or {}).get("lease"), build)
