@@ -50,7 +50,7 @@ def hold_out(kept: Kept, source: SourceSettings, settings: RunSettings,
     if per_variant <= 0:
         return range(n), []
     counts: Counter[str] = Counter()
-    chosen: dict[int, bytes] = {}
+    chosen: dict[int, tuple[str, bytes]] = {}  # index: (prompt id, its line)
     fd = os.open(kept.path, os.O_RDONLY)
     try:
         # A seeded walk in random order, taking each prompt whose variant still needs one.
@@ -60,16 +60,16 @@ def hold_out(kept: Kept, source: SourceSettings, settings: RunSettings,
             name = variant_name(variant_of(rid, settings.seed, variants))
             if counts[name] < per_variant:
                 counts[name] += 1
-                chosen[i] = line
+                chosen[i] = (rid, line)
                 if len(chosen) == per_variant * len(names):
                     break
     finally:
         os.close(fd)
     for i in sorted(chosen):
-        funnel.drop(HELD_OUT, json.loads(chosen[i])["id"])
+        funnel.drop(HELD_OUT, chosen[i][0])
     funnel.kept -= len(chosen)
     left = np.setdiff1d(np.arange(n, dtype=np.int64), np.fromiter(chosen, np.int64))
-    return left.tolist(), [chosen[i] for i in sorted(chosen)]
+    return left.tolist(), [chosen[i][1] for i in sorted(chosen)]
 
 
 def _variant_names(variants: dict[str, list[Any]]) -> list[str]:
