@@ -78,6 +78,9 @@ def _journal(folder: Path) -> list[dict[str, Any]]:
     return [r for r in records.values() if r["status"] == "completed"]
 
 
+# Three `airflow dags test` runs one after the other (the dataset run, the evaluation, the
+# gate's failing run): ~5 min alone on 2 cores, more beside CI's other pytest process.
+@pytest.mark.timeout(900)
 def test_evaluate_drafter_ranks_two_drafters_and_gates_on_min_gain(
         airflow_env, sshd: SshdServer, tokenizer_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     target = _model_dir(tmp_path, "target", tokenizer_dir)
