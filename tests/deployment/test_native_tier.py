@@ -226,7 +226,9 @@ def test_a_backfill_beside_a_running_run_shares_servers_and_shards(
 ) -> None:
     # Slower "GPUs": the first run is still generating when the backfill's shards start.
     tier.set_faults(time_scale=0.2)
-    first = api.trigger(DAG_ID, tier.run_conf(run_name="pair", shard_size=50))
+    # No held-out split: every bundled prompt in a shard, so the run has the shards 5-7.
+    first = api.trigger(DAG_ID, tier.run_conf(run_name="pair", shard_size=50,
+                                              held_out_per_source=0))
     wait_for_tasks(tier, api, first, lambda tis: any(
         ti["task_id"] == GENERATE and ti["state"] == "running" for ti in tis),
         "started generating")
@@ -234,7 +236,7 @@ def test_a_backfill_beside_a_running_run_shares_servers_and_shards(
     with ServerWatch(servers) as watch:
         # Same run_name and preparation settings, three of the first run's eight shards.
         second = api.trigger(DAG_ID, tier.run_conf(run_name="pair", shard_size=50,
-                                                   shard_range="5-7"))
+                                                   held_out_per_source=0, shard_range="5-7"))
         assert_run_succeeded(tier, api, first, timeout=600)
         assert_run_succeeded(tier, api, second, timeout=600)
 

@@ -98,6 +98,7 @@ def test_a_run_maps_more_than_1024_shards_where_the_deployment_allows_it(
 
     _many_prompts(tmp_path / "many.jsonl", 1100)
     conf = {"run_name": "wide", "shard_size": 1,
+            "held_out_per_source": 0,  # every prompt a shard: exactly 1,100
             "sources": [{"name": "many", "kind": "codefeedback",
                          "path": str(tmp_path / "many.jsonl")}]}
     deployment = {"output_root": str(tmp_path / "out"), "data_roots": [str(tmp_path)]}

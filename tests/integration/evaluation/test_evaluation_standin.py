@@ -79,9 +79,12 @@ def test_two_drafters_are_ranked_and_each_source_holds_its_fit(
     records = completed(FileJournal(tmp_path / "journal.jsonl").load())
     assert len(records) == 240
     figures = {(f.config, f.source): f for f in acceptance(records, seed=0)}
+    # Each figure against its fit at 99.9%: four checks at 95% would miss one run in five by
+    # chance (the stand-in's draws follow the drafter's temporary path, so each run differs).
+    wide = {(f.config, f.source): f for f in acceptance(records, seed=0, level=0.999)}
     for name, fit in FITS.items():
         for source, alpha in fit.items():
-            rate = figures[(name, source)].accept_rate
+            rate = wide[(name, source)].accept_rate
             assert rate.contains(_expected_rate(alpha)), (name, source, rate, alpha)
     assert (figures[("good", ALL_SOURCES)].accept_length.low
             > figures[("poor", ALL_SOURCES)].accept_length.high)
