@@ -62,13 +62,12 @@ from airflow.sdk import (
     teardown,
 )
 
+from include.dag_names import DAG_ID
 from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
 from include.settings.deployment import DeploymentSettings
 from include.settings.errors import TaskRefused
 from include.settings.params import airflow_params
-
-DAG_ID = "regenerate_drafter_data"
 
 # The two deployment settings that are task arguments, hence read when the file is parsed
 # (environment only: no connection, no network).

@@ -133,17 +133,12 @@ def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None,
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
+    from airflow.utils.state import State, TaskInstanceState
     from sqlalchemy import select
     from sqlalchemy.orm import joinedload
 
-    from include.monitor.states import (
-        PLAN_TASK,
-        RECENT_RUNS,
-        SHARD_TASKS,
-        TaskRow,
-        summarize_run,
-    )
+    from include.dag_names import PLAN_TASK, SHARD_TASKS
+    from include.monitor.states import RECENT_RUNS, TaskRow, summarize_run
     from include.settings import RunSettings
 
     limit = RECENT_RUNS if limit is None else limit
@@ -185,6 +180,7 @@ def query_runs(dag_id: str, ui_base: str = "", limit: int | None = None,
                                         "message": "", "lines": []})
     return [summarize_run(
         dag_id, {"run_id": r.run_id, "state": _text(r.state), "conf": r.conf,
+                 "live": r.state in State.unfinished_dr_states,
                  "start_date": r.start_date.isoformat() if r.start_date else None,
                  "note": notes.get(r.id)},
         tasks.get(r.run_id, ()), plans.get(r.run_id), ui_base, default_name,
@@ -197,7 +193,7 @@ def page_state(with_reasons: bool = True) -> dict[str, Any]:
     Airflow's side failing (its database busy or unreachable) leaves the rest of the page
     working; the error is shown instead of the runs' states.
     """
-    from include.monitor.runs import DAG_ID
+    from include.dag_names import DAG_ID
     from include.monitor.states import attach
 
     error = None
@@ -220,7 +216,7 @@ def _may_read_logs(user: Any) -> bool:
         DagDetails,
     )
 
-    from include.monitor.runs import DAG_ID
+    from include.dag_names import DAG_ID
 
     return get_auth_manager().is_authorized_dag(
         method="GET", user=user, access_entity=DagAccessEntity.TASK_LOGS,
@@ -244,8 +240,9 @@ def create_app() -> FastAPI:
     from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
     from fastapi import Depends
 
+    from include.dag_names import DAG_ID
     from include.monitor.page import render_page
-    from include.monitor.runs import DAG_ID, REPORT_MEDIA_TYPES, is_report_file
+    from include.monitor.runs import REPORT_MEDIA_TYPES, is_report_file
 
     app = FastAPI(
         title="Drafter data run monitor", docs_url=None, redoc_url=None, openapi_url=None,

@@ -19,10 +19,10 @@ from typing import Any
 from airflow.listeners import hookimpl
 from airflow.plugins_manager import AirflowPlugin
 
+from include.dag_names import DAG_ID, PLAN_TASK
+
 log = logging.getLogger(__name__)
 
-DAG_ID = "regenerate_drafter_data"
-PLAN_TASK = "prepare_prompts"
 NOTHING_TO_DO_KEY = "nothing_to_do"  # include/pipeline/prepare_prompts.py's NOTHING_TO_DO_KEY
 
 

@@ -30,11 +30,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from include.dag_names import DAG_ID
 from scripts.demo_progress import run_shown
 from sglang_standin.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-DAG_ID = "regenerate_drafter_data"
 BUCKET = "demo"
 S3_CONN_ID = "demo_s3"
 #: The source regenerated as whole conversations. Infinity-Instruct's chats go on for several

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from include.dag_names import DAG_ID
 from scripts.deploy_api import unix_time
 from scripts.deploy_services import (
     DeployError,
@@ -52,7 +53,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_ENV = ROOT / "deploy" / "airflow.env"
 DEFAULT_STATE = ROOT / "var" / "deploy"
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
-DAG_ID = "regenerate_drafter_data"
 BUCKET = "drafter-data"
 SSH_CONN_ID = "gpu_host_ssh"
 SGLANG_CONN_ID = "sglang_default"

@@ -34,9 +34,6 @@ from include.storage import Store
 
 log = logging.getLogger(__name__)
 
-#: Run states in which a run may still generate (Airflow's DagRunState values).
-LIVE_STATES = ("queued", "running")
-
 
 class LeaseBusy(TimeoutError):
     """The shard stayed held by another holder for the whole wait."""

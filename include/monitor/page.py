@@ -3,8 +3,9 @@
 ``plugins/regen_monitor.py`` gathers the state (the runs' files, Airflow's runs) and the
 words Airflow's UI shows for each state; this module lays them out. Every state word on the
 page is Airflow's (``words``); every other word about a run's files is
-``airflow_runs.FILE_WORDS``'s. Sections come in ``page_order``: live runs first, then newest
-first; each section starts with its newest Airflow run's state and, when a task failed, why.
+``include.monitor.states.FILE_WORDS``'s. Sections come in ``page_order``: live runs first,
+then newest first; each section starts with its newest Airflow run's state and, when a task
+failed, why.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from include.engine.outcome import PromptStatus
-from include.monitor.runs import DAG_ID, RATE_WINDOW_S
+from include.dag_names import DAG_ID
+from include.monitor.runs import RATE_WINDOW_S
 from include.monitor.states import (
     FILE_WORDS,
-    LIVE_RUN_STATES,
     NO_STATUS,
     RECENT_RUNS,
+    FileFact,
     ShardPhase,
     page_order,
 )
+from include.outcomes import PromptStatus
 
 URL_PREFIX = "/regen-monitor"
 REFRESH_S = 10
@@ -105,7 +107,7 @@ _REFRESH_JS = (
     f"{REFRESH_S * 1000});")
 
 
-_HEALTH_CLASS = {FILE_WORDS["healthy"]: "ok", "not": "muted"}  # "not probed (...)"
+_HEALTH_CLASS = {FILE_WORDS[FileFact.HEALTHY]: "ok", "not": "muted"}  # "not probed (...)"
 #: The file parts of a section without an Airflow run, in page order: (key, shards of loc).
 _FILE_PARTS = (ShardPhase.JOURNAL_WRITING, ShardPhase.GENERATED, ShardPhase.NO_JOURNAL)
 
@@ -231,12 +233,12 @@ def _file_stats(files: Mapping[str, Any], shards_in_run: int) -> str:
     return ("<div class='stats'>"
             + _stat("done", "shards " + FILE_WORDS[ShardPhase.TOKENIZED], done)
             + _stat("completed", FILE_WORDS[PromptStatus.COMPLETED], r["completed"])
-            + _stat("truncated", FILE_WORDS["truncated"], r["truncated"])
+            + _stat("truncated", FILE_WORDS[FileFact.TRUNCATED], r["truncated"])
             + _stat("skipped", FILE_WORDS[PromptStatus.SKIPPED], r["skipped"])
-            + _stat("failed", FILE_WORDS["prompt_failed"], r["failed"])
-            + _stat("written", FILE_WORDS["written"], t["written"])
-            + _stat("quarantined", FILE_WORDS["quarantined"], t["quarantined"])
-            + _stat("dropped", FILE_WORDS["dropped"], t["dropped"])
+            + _stat("failed", FILE_WORDS[PromptStatus.FAILED], r["failed"])
+            + _stat("written", FILE_WORDS[FileFact.ROWS_WRITTEN], t["written"])
+            + _stat("quarantined", FILE_WORDS[FileFact.QUARANTINED], t["quarantined"])
+            + _stat("dropped", FILE_WORDS[FileFact.DROPPED], t["dropped"])
             + _stat("tps", basis, rate) + _stat("eta", "ETA", _duration(files["eta_s"]))
             + "</div>")
 
@@ -266,7 +268,7 @@ def _servers_and_reports(files: Mapping[str, Any], url_prefix: str) -> str:
     reports = " ".join(
         f"<a href='{url_prefix}/files/{_e(rep['key'])}' target='_blank'>"
         f"{_e(rep['airflow_run_id'])}</a> "
-        f"({_e(FILE_WORDS['gates_passed' if rep['passed'] else 'gates_failed'])})"
+        f"({_e(FILE_WORDS[FileFact.GATES_PASSED if rep['passed'] else FileFact.GATES_FAILED])})"
         + (f" <a data-key='card' href='{url_prefix}/files/{_e(rep['card'])}' target='_blank'>"
            "dataset card</a>" if rep.get("card") else "")
         for rep in files["reports"])
@@ -293,7 +295,7 @@ def _section(section: Mapping[str, Any], words: Mapping[str, str], url_prefix: s
     body = (_note(newest) + _failure(newest)) if newest is not None else ""
     if files is not None:
         body += _file_stats(files, section["run"]["shards_in_run"])
-    if newest is not None and (newest["shards"] or newest.get("state") in LIVE_RUN_STATES):
+    if newest is not None and (newest["shards"] or newest["live"]):
         shards = _shards(newest, words, files)
         counts = _counts(newest, words) or "no shard tasks"
         body += (f"<div class='part afrun' data-part='airflow' "
@@ -313,7 +315,8 @@ def _section(section: Mapping[str, Any], words: Mapping[str, str], url_prefix: s
 def render_page(state: Mapping[str, Any], words: Mapping[str, str], ui_base: str = "",
                 url_prefix: str = URL_PREFIX) -> str:
     """Return the monitor page for the plugin's ``page_state()``; ``words`` maps each
-    Airflow state value to the word Airflow's UI shows for it (``airflow_runs.ui_words``)."""
+    Airflow state value to the word Airflow's UI shows for it
+    (``include.monitor.states.ui_words``)."""
     body = "".join(_section(s, words, url_prefix) for s in sections(state)) or (
         "<p>No runs under this location yet.</p>")
     if state["airflow_error"]:

@@ -3,7 +3,7 @@
 A run is a folder ``<output root>/<run_name>/`` holding ``prompts/manifest.json``; its outputs
 live in the run folder itself and in each ``regenerations/<id>/`` under it (forced
 regenerations). Per outputs location, by its files (what a task's Airflow state does not
-say; the words shown are ``airflow_runs.FILE_WORDS``): a shard is *tokenized* when its
+say; the words shown are ``include.monitor.states.FILE_WORDS``): a shard is *tokenized* when its
 tokenized manifest exists, *generated* when only its generated manifest exists, has its
 *journal being written* when it has a journal (its ``started`` marker or segments) and no
 manifest, and *no journal yet* otherwise. Prompt outcomes (completed, of them truncated,
@@ -41,7 +41,6 @@ from typing import Any
 from cachetools import LRUCache, TTLCache
 
 from include.durability.journal import is_final, merge_lines
-from include.engine.outcome import PromptStatus
 from include.layout import (
     CARD_NAME,
     GENERATED_PREFIX,
@@ -54,7 +53,8 @@ from include.layout import (
     SHARD_MANIFEST_SUFFIX,
     TOKENIZED_PREFIX,
 )
-from include.monitor.states import FILE_WORDS
+from include.monitor.states import FILE_WORDS, FileFact
+from include.outcomes import PromptStatus
 
 # The one definition of tokens/s, the report's (issue 34): re-exported for the page's callers.
 from include.reporting.throughput import generation_average, generation_span
@@ -63,10 +63,8 @@ from include.sglang import sync as sglang_sync
 from include.sglang.contract import HEALTH_PROBE_TIMEOUT_FLOOR_S, health_probe_timeout_s
 from include.storage import Store
 
-#: The DAG whose runs the monitor shows; its users' read access to that DAG's runs is required.
-DAG_ID = "regenerate_drafter_data"
 #: What a server a journal names shows when it is not one of the deployment's (not probed).
-NOT_OURS = FILE_WORDS["not_ours"]
+NOT_OURS = FILE_WORDS[FileFact.NOT_OURS]
 #: Seconds of recent completions the tokens/s and ETA are computed over.
 RATE_WINDOW_S = 120.0
 #: What a run's report folder holds (see include/reporting/build.py), by extension, with its
@@ -368,14 +366,14 @@ class RunMonitor:
                     health[url] = self._health[url] = result
         return [{"url": u, "last_completion_s_ago": round(now - seen[u], 1),
                  "health": NOT_OURS if own[u] is None
-                 else health.get(own[u], FILE_WORDS["not_probed"])} for u in urls]
+                 else health.get(own[u], FILE_WORDS[FileFact.NOT_PROBED])} for u in urls]
 
     def _probe(self, url: str) -> str:
         # HTTP only, no redirect followed, never under the /health floor (include.sglang).
         answer = sglang_sync.health(url, self.probe_timeout_s)
         if answer.answered:
-            return FILE_WORDS["healthy"] if answer.status == 200 else f"HTTP {answer.status}"
-        return (f"{FILE_WORDS['down']} "
+            return FILE_WORDS[FileFact.HEALTHY] if answer.status == 200 else f"HTTP {answer.status}"
+        return (f"{FILE_WORDS[FileFact.DOWN]} "
                 f"({type(answer.error).__name__ if answer.error else answer.failure})")
 
 

@@ -29,14 +29,10 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
-from include.engine.outcome import PromptStatus
+from include.dag_names import SHARD_TASKS
 from include.layout import REGENERATIONS_PREFIX
+from include.outcomes import PromptStatus
 
-#: The mapped task group's tasks, in the order each shard runs them.
-SHARD_TASKS = ("shard.generate", "shard.upload", "shard.tokenize")
-#: The task whose return value is the run's plan: one ``{"shard_id", "outputs_uri", ...}``
-#: per map index of the shard tasks.
-PLAN_TASK = "prepare_prompts"
 #: Runs the page shows: the newest ones (older runs are in Airflow's run list).
 RECENT_RUNS = 10
 #: A task instance with no state yet (Airflow's UI: "No Status"), as the page keys it.
@@ -46,8 +42,6 @@ NO_STATUS = "no_status"
 STATE_ORDER = ("failed", "upstream_failed", "up_for_retry", "restarting", "running",
                "deferred", "up_for_reschedule", "awaiting_input", "queued", "scheduled",
                NO_STATUS, "skipped", "removed", "success")
-#: Run states that are still going (Airflow's ``DagRunState``): listed first on the page.
-LIVE_RUN_STATES = ("running", "queued")
 #: What the page says of a run's files, beside Airflow's states: a table from the monitor's
 #: own facts (``include.monitor.runs``: a shard's files, a prompt's journal outcome, a
 #: report's gates, a server's probe) to the words shown. Nothing here names a task or run
@@ -61,29 +55,41 @@ class ShardPhase(StrEnum):
     TOKENIZED = "tokenized"
 
 
-FILE_WORDS: dict[str, str] = {
+class FileFact(StrEnum):
+    """The monitor's other facts from files, which no stage's vocabulary names."""
+
+    TRUNCATED = "truncated"  # completed answers the server cut at max_tokens
+    ROWS_WRITTEN = "written"  # rows after the tokenize task's quality filters and checks
+    QUARANTINED = "quarantined"
+    DROPPED = "dropped"
+    GATES_PASSED = "gates_passed"  # a report's quality gates
+    GATES_FAILED = "gates_failed"
+    HEALTHY = "healthy"  # a server the journals name, as probed
+    NOT_OURS = "not_ours"
+    NOT_PROBED = "not_probed"
+    DOWN = "down"
+
+
+FILE_WORDS: dict[StrEnum, str] = {
     # a shard, by its files
     ShardPhase.JOURNAL_WRITING: "journal being written",
     ShardPhase.NO_JOURNAL: "no journal yet",
     ShardPhase.GENERATED: "generated, not tokenized",
     ShardPhase.TOKENIZED: "tokenized",
-    # a prompt's outcome in the journal (include.engine.outcome)
+    # a prompt's outcome in the journal
     PromptStatus.COMPLETED: "completed",
-    "truncated": "of them truncated",
+    FileFact.TRUNCATED: "of them truncated",
     PromptStatus.SKIPPED: "skipped",
-    "prompt_failed": "failed",
-    # rows after the tokenize task's quality filters and checks
-    "written": "rows written",
-    "quarantined": "quarantined",
-    "dropped": "dropped",
-    # a report's quality gates
-    "gates_passed": "gates passed",
-    "gates_failed": "gates failed",
-    # a server the journals name, as probed
-    "healthy": "healthy",
-    "not_ours": "not probed (not a server of this deployment)",
-    "not_probed": "not probed (no shard generating)",
-    "down": "down",
+    PromptStatus.FAILED: "failed",
+    FileFact.ROWS_WRITTEN: "rows written",
+    FileFact.QUARANTINED: "quarantined",
+    FileFact.DROPPED: "dropped",
+    FileFact.GATES_PASSED: "gates passed",
+    FileFact.GATES_FAILED: "gates failed",
+    FileFact.HEALTHY: "healthy",
+    FileFact.NOT_OURS: "not probed (not a server of this deployment)",
+    FileFact.NOT_PROBED: "not probed (no shard generating)",
+    FileFact.DOWN: "down",
 }
 
 
@@ -151,8 +157,9 @@ def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow],
                   failure: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Return one run for the page: state, failure, link, and its shards by Airflow state.
 
-    ``run`` holds ``run_id``, ``state``, ``conf``, ``start_date`` (ISO text or None) and
-    ``note`` (the run's note in Airflow, or None);
+    ``run`` holds ``run_id``, ``state``, ``live`` (whether Airflow counts that state as
+    unfinished: the plugin asks Airflow, so the page has no copy of the list), ``conf``,
+    ``start_date`` (ISO text or None) and ``note`` (the run's note in Airflow, or None);
     ``plan`` is the ``prepare_prompts`` return value (None before it finished); ``failure``
     the run's first failed task (``{"task_id", "map_index", "message", "lines"}``), if any.
     Each state lists ``{"shard_id", "map_index", "task", "state", "url"}`` in map-index
@@ -195,7 +202,7 @@ def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow],
             "url": ui_base + (task_log_path(dag_id, run_id, task_id, index) if index >= 0
                               else f"{run_path(dag_id, run_id)}/tasks/{quote(task_id, safe='')}")}
     return {
-        "run_id": run_id, "state": run.get("state"),
+        "run_id": run_id, "state": run.get("state"), "live": bool(run.get("live")),
         "run_name": conf.get("run_name") or default_run_name, "location": _location(plan),
         "note": run.get("note") or None,
         "start_date": run.get("start_date"), "url": ui_base + run_path(dag_id, run_id),
@@ -268,7 +275,7 @@ def page_order(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     def key(section: dict[str, Any]) -> tuple[int, str]:
         runs = section.get("airflow_runs") or []
-        live = any(r.get("state") in LIVE_RUN_STATES for r in runs)
+        live = any(r.get("live") for r in runs)
         newest = max((_started(r) for r in runs), default="")
         return (0 if live else 1 if runs else 2), newest
 

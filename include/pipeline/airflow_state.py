@@ -10,8 +10,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from include.durability.claims import LIVE_STATES
-
 log = logging.getLogger(__name__)
 
 
@@ -27,10 +25,12 @@ def airflow_run_is_live(dag_id: str) -> Callable[[str], bool]:
     Fails closed: any error but "no such run" counts the run as live.
     """
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from airflow.utils.state import State
 
     def is_live(run_id: str) -> bool:
         try:
-            return RuntimeTaskInstance.get_dagrun_state(dag_id, run_id) in LIVE_STATES
+            state = RuntimeTaskInstance.get_dagrun_state(dag_id, run_id)
+            return state in State.unfinished_dr_states
         except Exception as exc:  # noqa: BLE001 - unknown is live: never a second writer
             if _not_found(exc):
                 log.info("run %s of %s no longer exists; not waiting for it", run_id, dag_id)

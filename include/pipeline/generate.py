@@ -13,7 +13,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from include.monitor.states import PLAN_TASK
+from include.dag_names import PLAN_TASK
 from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
 from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
 

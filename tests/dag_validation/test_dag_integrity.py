@@ -8,8 +8,9 @@ from unittest import mock
 
 import pytest
 
+from include.dag_names import DAG_ID, PLAN_TASK, SHARD_TASKS
+
 ROOT = Path(__file__).resolve().parents[2]
-DAG_ID = "regenerate_drafter_data"
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +44,11 @@ def test_dag_documents_itself_and_has_the_trigger_form(dagbag) -> None:
     assert "max_tokens" in dag.params and "sources" in dag.params
 
 
-def test_prepare_stage_is_wired(dagbag) -> None:
+def test_the_ids_others_read_name_the_dags_tasks(dagbag) -> None:
+    # The monitor, the run-note plugin and the slot check read these tasks by id
+    # (include/dag_names.py): a task renamed in the DAG alone would leave them reading nothing.
     dag = dagbag.dags[DAG_ID]
-    assert "prepare_prompts" in dag.task_dict
+    assert {PLAN_TASK, *SHARD_TASKS} <= set(dag.task_dict)
 
 
 @pytest.mark.parametrize("name", ["regenerate_drafter_data.py", "evaluate_drafter.py"])
@@ -93,7 +96,7 @@ def test_shard_tasks_are_named_from_the_arguments_they_are_called_with(dagbag) -
     # A map_index_template reads the task's own keyword arguments: a positional call would
     # leave op_kwargs empty and fail the task after its work was done.
     dag = dagbag.dags[DAG_ID]
-    for task_id in ("shard.generate", "shard.upload", "shard.tokenize"):
+    for task_id in SHARD_TASKS:
         task = dag.task_dict[task_id]
         assert task.map_index_template == "{{ task.op_kwargs['shard_id'] }}"
         assert "shard_id" in task.op_kwargs and not task.op_args, task_id

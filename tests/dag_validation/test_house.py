@@ -90,8 +90,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("include.sglang",),
     ("include.storage",),
     # Leaves any stage may import: every store key, the target's tokenizer, JSON lines, the
-    # words for how things ended (include/outcomes.py).
-    ("include.layout", "include.target_tokenizer", "include.jsonl", "include.outcomes"),
+    # words for how things ended (include/outcomes.py), the DAG and task ids.
+    ("include.layout", "include.target_tokenizer", "include.jsonl", "include.outcomes",
+     "include.dag_names"),
 )
 #: Upward imports that are right, each with its reason: none (the engine's command-line
 #: front end lives in the pipeline layer, ``include/pipeline/shard_cli.py``).

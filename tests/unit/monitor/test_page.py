@@ -7,13 +7,14 @@ import json
 import re
 from pathlib import Path
 
+from include.dag_names import SHARD_TASKS
 from include.monitor.page import render_page, sections
 from include.monitor.runs import RunMonitor
 from include.monitor.states import (
     FILE_WORDS,
     NO_STATUS,
-    SHARD_TASKS,
     STATE_ORDER,
+    ShardPhase,
     TaskRow,
     attach,
     summarize_run,
@@ -60,7 +61,7 @@ def _state(tmp_path) -> dict:
             [TaskRow(t, 0, "success", "shard-00000") for t in SHARD_TASKS], [], failure={
                 "task_id": "report", "map_index": -1, "lines": [],
                 "message": "run gated failed 1 quality gate(s): truncation rate 0.75 > 0.05"}),
-        summarize_run(DAG, {"run_id": "live_run", "state": "running", "conf": {
+        summarize_run(DAG, {"run_id": "live_run", "state": "running", "live": True, "conf": {
             "run_name": "live"}, "start_date": "2026-05-01T09:00:00+00:00"}, tasks, []),
         summarize_run(DAG, {"run_id": "doomed_run", "state": "failed", "conf": {
             "run_name": "doomed"}, "start_date": "2026-05-01T11:00:00+00:00"}, [], None,
@@ -126,7 +127,7 @@ def test_a_running_generate_task_says_what_its_files_show(tmp_path) -> None:
     live = html[html.index("data-run='live'"):]
     chips = dict(re.findall(r"data-shard='(shard-\d+)' href=[^>]*>(.*?)</a>", live))
     assert "generate Running" in chips["shard-00004"]  # map index 4 is STATE_ORDER's running
-    assert FILE_WORDS["no_journal"] in chips["shard-00004"]
+    assert FILE_WORDS[ShardPhase.NO_JOURNAL] in chips["shard-00004"]
 
 
 def test_a_run_that_had_nothing_to_do_says_so_under_its_header(tmp_path) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from include.dag_names import SHARD_TASKS
 from include.monitor.states import (
-    LIVE_RUN_STATES,
+    FILE_WORDS,
     NO_STATUS,
-    SHARD_TASKS,
     STATE_ORDER,
     TaskRow,
     attach,
@@ -184,7 +184,8 @@ def test_a_refusals_reason_is_its_exit_line() -> None:
 
 
 def _section(name: str, state: str | None, start: str | None) -> dict:
-    runs = [] if state is None else [{"state": state, "start_date": start}]
+    runs = [] if state is None else [{"state": state, "start_date": start,
+                                      "live": state in ("running", "queued")}]
     return {"run_name": name, "airflow_runs": runs}
 
 
@@ -209,4 +210,11 @@ def test_the_words_are_airflow_uis_for_every_airflow_state() -> None:
     assert words["running"] == "Running"  # spelled as the UI does when its table lacks it
     # The page lists shards by Airflow's task states only (and no status).
     assert set(STATE_ORDER) <= {s.value for s in TaskInstanceState} | {NO_STATUS}
-    assert set(LIVE_RUN_STATES) <= {s.value for s in DagRunState}
+
+
+def test_file_words_are_keyed_by_the_vocabularies_only() -> None:
+    # A raw string key would let a word go stale when its fact is renamed (issue 35, item 4).
+    from enum import StrEnum
+
+    assert all(isinstance(key, StrEnum) for key in FILE_WORDS), [
+        k for k in FILE_WORDS if not isinstance(k, StrEnum)]
