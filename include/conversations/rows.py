@@ -1,32 +1,19 @@
-"""Exact rows of a regenerated conversation: one per turn, and one whole when prefix-stable.
+"""The whole-conversation row of a regenerated conversation, where its turns are prefix-stable.
 
-Every row is the server's ids: a turn's prompt ids (as the server tokenized them) + the ids
-it sampled, the loss on the sampled ids: exactly a single-turn row. A whole-conversation row
-is one sequence, the last turn's prompt + sampled ids, with the loss on every target turn's
-sampled ids; it is exact only where each turn's prompt starts, token by token, with the
-previous turn's prompt + sampled ids (the server kept the history as it was generated). A
-template that re-renders history differently (Qwen3 drops earlier turns' reasoning; a
-re-encoded answer may split into other tokens) is not prefix-stable: ``prefix_stability``
-says where it first differs, and the caller writes the per-turn rows instead.
+Each turn is also a row of its own, exactly a single-turn row (the tokenization stage writes
+those from the turn records). A whole-conversation row is one sequence, the last turn's
+prompt + sampled ids, with the loss on every target turn's sampled ids; it is exact only where
+each turn's prompt starts, token by token, with the previous turn's prompt + sampled ids (the
+server kept the history as it was generated). A template that re-renders history differently
+(Qwen3 drops earlier turns' reasoning; a re-encoded answer may split into other tokens) is not
+prefix-stable: ``prefix_stability`` says where it first differs, and the caller writes the
+per-turn rows instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from include.conversations.chain import ChainState
-
-
-@dataclass(frozen=True)
-class Row:
-    """One training sequence and its loss mask; ``turns``: the target turns it trains on."""
-
-    conversation_id: str
-    turns: tuple[int, ...]
-    input_ids: list[int]
-    loss_mask: list[int]
-    finish_reasons: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -37,34 +24,6 @@ class Stability:
     turn: int | None = None
     position: int | None = None
     detail: str = ""
-
-
-class NoServerIds(ValueError):
-    """A turn has no server ids: no exact row can be built from it."""
-
-
-def _ids(state: ChainState) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for turn in state.turns:
-        prompt, sampled = turn.result.prompt_token_ids, turn.result.response_token_ids
-        if prompt is None or sampled is None:
-            raise NoServerIds(f"{state.conversation_id}: turn {turn.index} has no server ids "
-                              "(a server older than SGLang 0.5.23, or return_token_ids off)")
-        out.append((prompt, sampled))
-    return out
-
-
-def turn_rows(state: ChainState) -> list[Row]:
-    """Return one row per target turn: its prompt ids + sampled ids, loss on the sampled.
-
-    Raises NoServerIds when a turn has none.
-    """
-    rows = []
-    for turn, (prompt, sampled) in zip(state.turns, _ids(state), strict=True):
-        rows.append(Row(state.conversation_id, (turn.index,), prompt + sampled,
-                        [0] * len(prompt) + [1] * len(sampled),
-                        (str(turn.result.finish_reason),)))
-    return rows
 
 
 def prefix_stability(turns: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Stability:
@@ -110,15 +69,3 @@ def whole_row(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
         # prefix_stability makes this unreachable; a row that is not exact is never written.
         raise AssertionError("the whole-conversation row is not its turns' sampled ids")
     return ids, mask
-
-
-def conversation_row(state: ChainState) -> Row | Stability:
-    """Return a chain's whole-conversation row (``whole_row`` of its turns), or why none.
-
-    Raises NoServerIds.
-    """
-    built = whole_row(_ids(state))
-    if isinstance(built, Stability):
-        return built
-    return Row(state.conversation_id, tuple(t.index for t in state.turns), *built,
-               tuple(str(t.result.finish_reason) for t in state.turns))

@@ -37,7 +37,7 @@ def turn_id(conversation_id: str, index: int) -> str:
 
 
 @dataclass
-class Conversations:
+class ShardConversations:
     """The conversations of one shard: their turns' ids, and what became of them."""
 
     turns: dict[str, list[str]] = field(default_factory=dict)
@@ -69,10 +69,11 @@ class Conversations:
         self.by_source.setdefault(source, Counter())[kind] += n
 
 
-def explode(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Conversations]:
+def explode(records: Iterable[Mapping[str, Any]]
+            ) -> tuple[list[Mapping[str, Any]], ShardConversations]:
     """Return the records with each conversation replaced by its turns' records."""
     out: list[Mapping[str, Any]] = []
-    found = Conversations()
+    found = ShardConversations()
     for record in records:
         if record.get("turns") != "all":
             out.append(record)
@@ -98,7 +99,7 @@ def explode(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any
     return out, found
 
 
-def merge(result: TokenizeResult, found: Conversations, *, whole_rows: bool = True) -> None:
+def merge(result: TokenizeResult, found: ShardConversations, *, whole_rows: bool = True) -> None:
     """Replace the per-turn samples of each prefix-stable conversation by one whole row.
 
     ``whole_rows`` False (``include_reasoning: false``: each turn's think block is outside
@@ -132,7 +133,7 @@ def merge(result: TokenizeResult, found: Conversations, *, whole_rows: bool = Tr
         result.samples = [s for s in result.samples if s is not None]
 
 
-def _apart(ids: list[str], by_id: Mapping[str, Sample], found: Conversations,
+def _apart(ids: list[str], by_id: Mapping[str, Sample], found: ShardConversations,
            whole_rows: bool) -> str | None:
     """Return why a conversation cannot be one row (None: it can, if prefix-stable)."""
     if len(ids) < 2:

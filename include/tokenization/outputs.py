@@ -91,7 +91,8 @@ class TokenizeResult:
     closed_by_template: int = 0
     #: The run and shard the samples came from (``run_name``, ``shard``), set by the stage.
     origin: dict[str, str | None] = field(default_factory=dict)
-    #: Whole conversations' counts (``conversations.Conversations.manifest``); {} if none.
+    #: Whole conversations' counts; {} if none
+    #: (``include.tokenization.conversations.ShardConversations.manifest``).
     conversations: dict[str, Any] = field(default_factory=dict)
 
     def provenance_rows(self) -> list[dict[str, Any]]:

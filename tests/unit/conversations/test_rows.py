@@ -1,4 +1,4 @@
-"""Exact rows: per turn always; whole-conversation only where the turns are prefix-stable."""
+"""Whole-conversation rows: exact, and only where the turns are prefix-stable."""
 
 from __future__ import annotations
 
@@ -8,14 +8,7 @@ import pytest
 
 from include.conversations import chain
 from include.conversations.chain import ConversationEnd, start
-from include.conversations.rows import (
-    NoServerIds,
-    Row,
-    Stability,
-    conversation_row,
-    prefix_stability,
-    turn_rows,
-)
+from include.conversations.rows import Stability, prefix_stability, whole_row
 from tests.unit.conversations.dialogues import chat, drive
 
 #: Plain ChatML: the history as it was sampled.
@@ -66,30 +59,25 @@ def run(server: TokenizerServer, answers: list[str]) -> chain.ChainState:
     return state
 
 
+def conversation_row(state: chain.ChainState) -> tuple[list[int], list[int]] | Stability:
+    """The whole row of a chain's turns as the tokenization stage builds it (server ids)."""
+    return whole_row([(t.result.prompt_token_ids, t.result.response_token_ids)
+                      for t in state.turns])
+
+
 THINKING = [f"<think>\nstep {k} of the plan\n</think>\n\nanswer {k} with sql" for k in range(3)]
-
-
-def test_turn_rows_are_each_turns_prompt_and_sampled_ids() -> None:
-    state = drive(start("c", chat(3)), ["one two", "three", "four five six"])
-    rows = turn_rows(state)
-    assert [r.turns for r in rows] == [(0,), (1,), (2,)]
-    for row, turn in zip(rows, state.turns, strict=True):
-        prompt, sampled = turn.result.prompt_token_ids, turn.result.response_token_ids
-        assert row.input_ids == prompt + sampled
-        assert row.loss_mask == [0] * len(prompt) + [1] * len(sampled)
-        assert row.finish_reasons == ("stop",)
 
 
 def test_a_prefix_stable_chain_is_one_row_trained_on_every_target_turn() -> None:
     state = drive(start("c", chat(3)), ["one two", "three", "four five six"])
     row = conversation_row(state)
-    assert isinstance(row, Row)
+    assert isinstance(row, tuple), row
+    input_ids, loss_mask = row
     last = state.turns[-1].result
-    assert row.input_ids == last.prompt_token_ids + last.response_token_ids
-    trained = [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m]
+    assert input_ids == last.prompt_token_ids + last.response_token_ids
+    trained = [t for t, m in zip(input_ids, loss_mask, strict=True) if m]
     assert trained == [i for t in state.turns for i in t.result.response_token_ids]
-    assert sum(row.loss_mask) == sum(len(t.result.response_token_ids) for t in state.turns)
-    assert row.turns == (0, 1, 2)
+    assert sum(loss_mask) == sum(len(t.result.response_token_ids) for t in state.turns)
 
 
 def test_a_template_keeping_the_sampled_history_is_prefix_stable_with_thinking(
@@ -97,9 +85,9 @@ def test_a_template_keeping_the_sampled_history_is_prefix_stable_with_thinking(
 ) -> None:
     state = run(TokenizerServer(standin_tokenizer, KEEPS_HISTORY), THINKING)
     row = conversation_row(state)
-    assert isinstance(row, Row), row
-    assert row.input_ids[-1] == standin_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert sum(row.loss_mask) == sum(len(t.result.response_token_ids) for t in state.turns)
+    assert isinstance(row, tuple), row
+    assert row[0][-1] == standin_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert sum(row[1]) == sum(len(t.result.response_token_ids) for t in state.turns)
 
 
 def test_the_standin_renders_like_qwen3_not_prefix_stable_with_thinking_only(
@@ -108,7 +96,7 @@ def test_the_standin_renders_like_qwen3_not_prefix_stable_with_thinking_only(
     thinking = conversation_row(run(TokenizerServer(standin_tokenizer), THINKING))
     assert isinstance(thinking, Stability) and thinking.turn == 1
     assert isinstance(conversation_row(run(TokenizerServer(standin_tokenizer),
-                                           ["plain one", "plain two"])), Row)
+                                           ["plain one", "plain two"])), tuple)
 
 
 def test_a_template_that_drops_reasoning_is_not_prefix_stable_and_says_where(
@@ -120,14 +108,13 @@ def test_a_template_that_drops_reasoning_is_not_prefix_stable_and_says_where(
     first = state.turns[0].result
     # It differs exactly where turn 0's sampled <think> was: turn 1's prompt has the answer.
     assert (result.turn, result.position) == (1, len(first.prompt_token_ids))
-    assert len(turn_rows(state)) == 3  # what the caller writes instead
 
 
 def test_without_thinking_the_reasoning_dropping_template_is_stable(
     standin_tokenizer: Any,
 ) -> None:
     state = run(TokenizerServer(standin_tokenizer, DROPS_REASONING), ["plain one", "plain two"])
-    assert isinstance(conversation_row(state), Row)
+    assert isinstance(conversation_row(state), tuple)
 
 
 @pytest.mark.parametrize(("turns", "expected"), [
@@ -146,15 +133,6 @@ def test_prefix_stability_names_the_first_differing_turn_and_position(
     else:
         assert (result.stable, result.turn, result.position) == (False, *expected)
         assert result.detail
-
-
-def test_turns_without_server_ids_cannot_make_exact_rows() -> None:
-    state = start("c", chat(2))
-    state = chain.after_turn(state, chain.TurnResult("x", "stop", usage={"prompt_tokens": 3}))
-    with pytest.raises(NoServerIds, match="turn 0"):
-        turn_rows(state)
-    with pytest.raises(NoServerIds):
-        conversation_row(state)
 
 
 def test_no_turns_no_conversation_row() -> None:

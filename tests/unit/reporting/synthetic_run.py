@@ -40,7 +40,7 @@ class ShardSpec:
     #: Published as before issue 28: no report facts, no ``lengths`` in the tokenized
     #: manifest (the report reads the journal and the parquet's columns instead).
     before_facts: bool = False
-    #: The tokenized manifest's ``conversations`` section (``Conversations.manifest()``).
+    #: The tokenized manifest's ``conversations`` section (``ShardConversations.manifest()``).
     conversations: dict[str, Any] = field(default_factory=dict)
     #: Whether the shard has its trainer export (False: tokenized before the exports).
     export: bool = True

@@ -14,7 +14,7 @@ from include.layout import card_key, report_card_key
 from include.reporting import QualityGateError, QualityGates, build_report, raise_for_gates
 from include.reporting.plots import throughput_figure
 from include.reporting.throughput import describe_server_time, server_time_shares
-from include.tokenization.conversations import Conversations
+from include.tokenization.conversations import ShardConversations
 from tests.unit.reporting.synthetic_run import ShardSpec, write_run
 
 SHARDS = {
@@ -123,7 +123,7 @@ def test_quality_filters_have_their_own_gate_apart_from_pipeline_quarantines(
 
 
 def _conversations() -> dict:
-    found = Conversations(
+    found = ShardConversations(
         turns={f"alpha:default:c{i}": [f"t{i}-{k}" for k in range(n)]
                for i, n in enumerate((2, 3, 2, 3))},
         ends=Counter({"completed": 2, "tool_call_diverged": 1, "context_exhausted": 1}),
