@@ -128,10 +128,7 @@ def regenerate_drafter_data() -> None:
 
     @task
     def prepare_prompts(params: dict | None = None, run_id: str | None = None) -> list[dict]:
-        """Extract, filter, dedupe and shard the prompts (or reuse them); pick the shards.
-
-        Returns one ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run.
-        """
+        """Extract, filter, dedupe and shard the prompts (or reuse them); plan the shards."""
         from include.pipeline.prepare_prompts import run
 
         return run(params, run_id, MAX_ACTIVE_SHARDS)
@@ -166,15 +163,7 @@ def regenerate_drafter_data() -> None:
         def generate(shard_id: str, servers: list[dict], outputs_uri: str,
                      wait_for: dict | None, params: dict | None = None,
                      run_id: str | None = None, ti=None) -> dict:
-            """Generate the shard's completions into its journal (resumes after a retry).
-
-            One writer at a time per shard: the try takes the shard's lease (renewed while it
-            generates; a backfill overlapping a running run waits instead of duplicating, a
-            dead try's lease expires in minutes, a fenced-out try cannot publish).
-            At most MAX_ACTIVE_SHARDS generate at once; a shard queued ahead waits, set up.
-            The prompts and the API key go only to the deployment's own servers: ``servers``
-            (XCom) are identifiers, turned into the deployment's URLs before any request.
-            """
+            """Generate the shard's completions into its journal, one writer at a time."""
             from include.pipeline.generate import run
 
             return run(shard_id, servers, outputs_uri, wait_for, params, dag_id=DAG_ID,
@@ -213,11 +202,7 @@ def regenerate_drafter_data() -> None:
     @teardown(on_failure_fail_dagrun=True)
     def stop_servers(report: dict, params: dict | None = None, run_id: str | None = None
                      ) -> None:
-        """Stop exactly the servers this run started and confirm they are gone.
-
-        Commands run on the deployment's own servers with its own SSH connections and command
-        prefixes, and release this run's lease (named from its run id): XCom says only which.
-        """
+        """Stop exactly the servers this run started and confirm they are gone."""
         from include.pipeline.stop_servers import run
 
         run(report, params, DAG_ID, run_id)

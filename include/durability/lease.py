@@ -19,12 +19,9 @@ monotonic clock. The holder in turn counts itself lost once it has not renewed f
 ``SELF_FENCE * ttl_s`` by its own monotonic clock (before any waiter may take over), or as
 soon as it sees generation N+1: it then refuses journal writes and never publishes.
 
-The generation is the fencing token: journal segments carry it in their key, the generate
-summary and the published manifest carry it, and ``publish_shard`` refuses a token older
-than the newest generation (a fenced-out holder's late upload). A holder paused between its
-last check and a PUT cannot stop that PUT, so each generation's body also records the
-segments it resumes from (``"segments"``), and readers count no other segment of an earlier
-generation (``include.durability.fencing``).
+The generation is the fencing token (the package docstring says where it is carried and
+checked); each generation's body records the segments it resumes from (``"segments"``), read
+by ``include.durability.fencing``.
 """
 
 from __future__ import annotations
