@@ -27,13 +27,22 @@ at once (to a server in rotation); one with charged failures backs off exponenti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
 from include.engine import client as c
 from include.engine.config import EngineConfig
 from include.sglang.length import prompt_tokens_from_length_error
 
-Verdict = Literal["complete", "retry", "fail", "rebudget", "fatal"]
+
+class Verdict(StrEnum):
+    """What becomes of a prompt after one request (the table above). The engine keeps one
+    handler per verdict (``engine.dispatch._Run``'s table); a verdict without one fails there."""
+
+    COMPLETE = "complete"
+    REBUDGET = "rebudget"
+    FATAL = "fatal"
+    RETRY = "retry"
+    FAIL = "fail"
 
 
 @dataclass(frozen=True)
@@ -64,20 +73,20 @@ def decide_retry(
     failure to the prompt.
     """
     if result.ok:
-        return RetryDecision("complete", charged)
+        return RetryDecision(Verdict.COMPLETE, charged)
     if result.error_kind == c.ErrorKind.LENGTH:
         server_tokens = prompt_tokens_from_length_error(result.error)
         if length_retried or server_tokens is None:
-            return RetryDecision("fail", charged)
-        return RetryDecision("rebudget", charged, prompt_tokens=server_tokens)
+            return RetryDecision(Verdict.FAIL, charged)
+        return RetryDecision(Verdict.REBUDGET, charged, prompt_tokens=server_tokens)
     if result.error_kind == c.ErrorKind.UNAUTHORIZED:
-        return RetryDecision("fatal", charged)
+        return RetryDecision(Verdict.FATAL, charged)
     if not result.retryable:
-        return RetryDecision("fail", charged)
+        return RetryDecision(Verdict.FAIL, charged)
     charged += counted
     if charged >= config.max_attempts:
-        return RetryDecision("fail", charged)
+        return RetryDecision(Verdict.FAIL, charged)
     if not charged:
-        return RetryDecision("retry", charged)
+        return RetryDecision(Verdict.RETRY, charged)
     delay = min(config.backoff_max_s, config.backoff_base_s * 2 ** (charged - 1))
-    return RetryDecision("retry", charged, delay_s=delay)
+    return RetryDecision(Verdict.RETRY, charged, delay_s=delay)
