@@ -42,8 +42,12 @@ StopBucket = Literal["stopped", "kept", "left_behind", "skipped"]
 
 
 @dataclass(frozen=True)
-class ServerStatus:
-    """Hold what the pid, lease and owner files say about one server."""
+class ServerProcess:
+    """One server's process as its host's files record it: pid, alive, who started it, leases.
+
+    Not ``include.outcomes.ServerStatus`` (a server's state in the engine's pool): this is
+    what a status, acquire or launch command read from the pid, owner and lease files.
+    """
 
     pid: int | None
     alive: bool
@@ -51,7 +55,7 @@ class ServerStatus:
     leases: int = 0
 
     @classmethod
-    def parse(cls, output: str) -> ServerStatus:
+    def parse(cls, output: str) -> ServerProcess:
         """Read the fields a status, acquire or launch command printed."""
         fields = parse_fields(output)
         pid = fields.get("pid") or ""
@@ -120,7 +124,7 @@ def launch_step(
 
 
 def refused_outcome(
-    spec: ServerSpec, status: ServerStatus, differences: list[str]
+    spec: ServerSpec, status: ServerProcess, differences: list[str]
 ) -> ServerOutcome:
     """Return a mismatched server left running because replacing is not allowed."""
     return ServerOutcome(
@@ -131,7 +135,7 @@ def refused_outcome(
 
 def replace_blocked(
     spec: ServerSpec,
-    status: ServerStatus,
+    status: ServerProcess,
     release: Mapping[str, str],
     differences: list[str],
     *,
@@ -167,7 +171,7 @@ def replace_blocked(
     return None
 
 
-def stopped_meanwhile(before: ServerStatus, leased: ServerStatus) -> bool:
+def stopped_meanwhile(before: ServerProcess, leased: ServerProcess) -> bool:
     """Return whether a server alive at the probe had no process once leased.
 
     Another run's teardown may have stopped it in between; a probe then confirms it is gone
@@ -180,8 +184,8 @@ def reused_outcome(
     spec: ServerSpec,
     owner: str | None,
     owned: bool,
-    before: ServerStatus,
-    leased: ServerStatus | None = None,
+    before: ServerProcess,
+    leased: ServerProcess | None = None,
 ) -> ServerOutcome:
     """Return the reuse of a matching server; ``leased``: its status once this run leased it."""
     detail = "answers with the run's model and context length"
@@ -198,8 +202,8 @@ def loading_outcome(
     spec: ServerSpec,
     owner: str | None,
     owned: bool,
-    before: ServerStatus,
-    leased: ServerStatus | None = None,
+    before: ServerProcess,
+    leased: ServerProcess | None = None,
 ) -> ServerOutcome:
     """Return a server found loading its model; ``leased``: its status once this run leased it.
 

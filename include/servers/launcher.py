@@ -34,7 +34,7 @@ from include.servers.commands import (
 )
 from include.servers.decisions import (
     ModelsProbe,
-    ServerStatus,
+    ServerProcess,
     launch_step,
     loading_outcome,
     refused_outcome,
@@ -71,9 +71,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def server_status(runners: Runners, spec: ServerSpec) -> ServerStatus:
-    """Return whether the server's pid file names a live server process, its owner and leases."""
-    return ServerStatus.parse(run_on_host(runners, spec, build_status_command(spec.paths)).stdout)
+def read_process(runners: Runners, spec: ServerSpec) -> ServerProcess:
+    """Read the server's process record on its host: pid, alive, owner, leases."""
+    return ServerProcess.parse(run_on_host(runners, spec, build_status_command(spec.paths)).stdout)
 
 
 def probe_models(url: str, api_key: str | None, timeout: float = 5.0) -> ModelsProbe:
@@ -205,7 +205,7 @@ def _launch_one(
     # Read only from a server that could be reused: its speculation must be the launch's too.
     info = (probe_server_info(spec.url, key, probe_timeout_s)
             if probe.answering and probe.status == 200 else None)
-    status = server_status(runners, spec)
+    status = read_process(runners, spec)
     owned = status.owned_by(owner)
     step, differences = launch_step(probe, status.alive, expected, replace_mismatched=replace,
                                     sglang_conn_id=conn_id, server_info=info)
@@ -237,7 +237,7 @@ def _lease(
     runners: Runners,
     owner: str | None,
     owned: bool,
-    status: ServerStatus,
+    status: ServerProcess,
     probe_timeout_s: float,
     *,
     loading: bool = False,
@@ -247,7 +247,7 @@ def _lease(
     outcome = loading_outcome if loading else reused_outcome
     if not owner:
         return outcome(spec, owner, owned, status)
-    leased = ServerStatus.parse(
+    leased = ServerProcess.parse(
         run_on_host(runners, spec, build_acquire_command(spec.paths, owner),
                     timeout=LOCK_WAIT_S + 30).stdout
     )  # fmt: skip

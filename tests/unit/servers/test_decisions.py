@@ -9,7 +9,7 @@ import pytest
 from include.servers.commands import ServerSpec
 from include.servers.decisions import (
     ModelsProbe,
-    ServerStatus,
+    ServerProcess,
     launch_step,
     loading_outcome,
     refused_outcome,
@@ -37,8 +37,8 @@ def answering(body: Any = None, status: int = 200, error: str = "") -> ModelsPro
 
 
 SILENT = ModelsProbe(False, error="connection refused")
-ALIVE = ServerStatus(pid=4242, alive=True, owner="dag/run 1", leases=1)
-DEAD = ServerStatus(pid=None, alive=False, owner="")
+ALIVE = ServerProcess(pid=4242, alive=True, owner="dag/run 1", leases=1)
+DEAD = ServerProcess(pid=None, alive=False, owner="")
 
 
 def step(probe: ModelsProbe, alive: bool, **kw: Any) -> tuple[str, list[str]]:
@@ -76,15 +76,15 @@ def test_a_401_names_the_connection_holding_the_key_and_other_statuses_their_err
 
 
 def test_the_pid_lease_and_owner_line_is_parsed_with_an_owner_holding_spaces() -> None:
-    status = ServerStatus.parse("noise\npid=77 alive=1 leases=2 owner=dag/run: 1 b\n")
-    assert status == ServerStatus(77, True, "dag/run: 1 b", 2)
+    status = ServerProcess.parse("noise\npid=77 alive=1 leases=2 owner=dag/run: 1 b\n")
+    assert status == ServerProcess(77, True, "dag/run: 1 b", 2)
     assert status.owned_by("dag/run: 1 b") and not status.owned_by("dag/run: 2")
-    assert not ServerStatus(1, True, "").owned_by(None)
-    assert ServerStatus.parse("pid= alive=0 leases=x owner=") == ServerStatus(None, False, "", 0)
+    assert not ServerProcess(1, True, "").owned_by(None)
+    assert ServerProcess.parse("pid= alive=0 leases=x owner=") == ServerProcess(None, False, "", 0)
 
 
 def test_a_loading_server_serves_the_run_under_its_lease_and_is_no_problem() -> None:
-    theirs = loading_outcome(SPEC, "dag/run 2", False, ALIVE, ServerStatus(4242, True, "x", 2))
+    theirs = loading_outcome(SPEC, "dag/run 2", False, ALIVE, ServerProcess(4242, True, "x", 2))
     assert (theirs.action, theirs.pid, theirs.leased, theirs.started_by_this_run) == (
         "loading", 4242, True, False)
     assert SPEC.paths.pid_file in theirs.detail and "health gate waits" in theirs.detail
@@ -138,14 +138,14 @@ def test_a_reuse_records_the_lease_and_whether_this_run_started_it() -> None:
     unleased = reused_outcome(SPEC, None, False, ALIVE)
     assert (unleased.action, unleased.pid, unleased.leased) == ("reused", 4242, False)
     assert "started earlier" not in unleased.detail
-    leased = reused_outcome(SPEC, "dag/run 1", True, ALIVE, ServerStatus(4243, True, "x", 3))
+    leased = reused_outcome(SPEC, "dag/run 1", True, ALIVE, ServerProcess(4243, True, "x", 3))
     assert (leased.pid, leased.leased, leased.started_by_this_run) == (4243, True, True)
     assert "started earlier by this run (dag/run 1)" in leased.detail
     assert leased.detail.endswith("leases now: 3")
 
 
 def test_a_server_stopped_between_probe_and_lease_is_noticed() -> None:
-    gone = ServerStatus(None, False, "", 1)
+    gone = ServerProcess(None, False, "", 1)
     assert stopped_meanwhile(ALIVE, gone)
     assert not stopped_meanwhile(ALIVE, ALIVE)
     # Reused without a pid file of ours (launched by hand): nothing to notice.
