@@ -1,16 +1,19 @@
-"""What to do with one of a run's servers, decided from what was observed: no SSH, no HTTP.
+"""What to do with one of a run's servers, decided from what is there: no SSH, no HTTP.
 
-``launcher.py`` observes (``GET /v1/models``; the pid, owner and lease files read over SSH),
-asks these functions what to do and does it. They take plain data and return the next step or
-the final outcome, so every decision is unit-tested without a host (tests/unit/servers).
+The launcher reads what is there into plain data (``observations.Observation``: what
+``GET /v1/models`` and ``/server_info`` answer, the process record of the pid, owner and lease
+files), ``plan_server`` decides (``ServerLaunch.step``); then ``next_command`` names, one at a time,
+the command to run (``Command``: lease, start, release, probe ...) until it returns the
+server's ``ServerOutcome``. The launcher runs each command it names and records the result in
+the ``ServerLaunch`` (``record``); it decides nothing. So every decision is unit-tested on
+plain data, without a host (tests/unit/servers)::
 
-Launching one server (``launch_step``)::
-
-    port closed, a process of ours alive -> it is loading (SGLang opens its port only once the
-                                            model is loaded): lease it; the health gate waits
-                                            for it and checks it once it answers
+    port closed, a process of ours alive -> loading (SGLang opens its port only once the model
+                                            is loaded): lease it; the health gate waits for it
+                                            and checks it once it answers
     port closed, no process              -> start one
-    answers with the run's settings      -> reuse it, under this run's lease
+    answers with the run's settings      -> reuse it, under this run's lease (started anew if
+                                            it was stopped between the probe and the lease)
     answers with other settings          -> leave it running (refuse), or with
                                             replace_mismatched_servers release it and start
                                             anew, unless ``replace_blocked`` says why not
@@ -21,17 +24,20 @@ a stopped server counts as gone once its port refuses connections.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
-from include.servers.commands import ServerSpec, parse_fields
+from include.servers.commands import ServerSpec
 from include.servers.expectations import (
     ModelExpectation,
     served_model_differences,
     speculative_differences,
 )
 from include.servers.launch_report import Action, ServerOutcome
+from include.servers.observations import ModelsProbe, Observation, ServerProcess
 
 #: ``loading``: the pid file names a live server process whose port is closed. Real SGLang
 #: binds its port only after loading the weights and capturing CUDA graphs (minutes for a
@@ -41,45 +47,43 @@ LaunchStep = Literal["loading", "start", "reuse", "refuse", "replace"]
 StopBucket = Literal["stopped", "kept", "left_behind", "skipped"]
 
 
-@dataclass(frozen=True)
-class ServerProcess:
-    """One server's process as its host's files record it: pid, alive, who started it, leases.
+class Command(StrEnum):
+    """A command a decision names for one server; the launcher runs it and records its result."""
 
-    Not ``include.outcomes.ServerStatus`` (a server's state in the engine's pool): this is
-    what a status, acquire or launch command read from the pid, owner and lease files.
-    """
+    LEASE = "lease"  # add this run's lease under the lock: the process record then
+    START = "start"  # the detached launch command: the fields it printed
+    READ_LOG = "read_log"  # the log's last lines, the key redacted (no pid appeared)
+    RELEASE = "release"  # drop this run's lease, stop the process if it was the last one
+    REPROBE = "reprobe"  # GET /v1/models again, with the key: does it answer now?
+    PORT_CHECK = "port_check"  # GET /v1/models without the key: does anything answer?
+    WAIT_CLOSED = "wait_closed"  # teardown: does the port still answer after a short wait?
 
-    pid: int | None
-    alive: bool
-    owner: str
-    leases: int = 0
 
-    @classmethod
-    def parse(cls, output: str) -> ServerProcess:
-        """Read the fields a status, acquire or launch command printed."""
-        fields = parse_fields(output)
-        pid = fields.get("pid") or ""
-        leases = fields.get("leases") or "0"
-        return cls(
-            int(pid) if pid.isdigit() else None,
-            fields.get("alive") == "1",
-            fields.get("owner", ""),
-            int(leases) if leases.isdigit() else 0,
-        )
-
-    def owned_by(self, owner: str | None) -> bool:
-        """Return whether run ``owner`` started this server (a retried launch finds its own)."""
-        return bool(owner) and self.owner == owner
+#: Where ``ServerLaunch.record`` keeps each command's result.
+_RESULT = {Command.LEASE: "leased", Command.START: "launched", Command.READ_LOG: "log_tail",
+           Command.RELEASE: "released", Command.REPROBE: "answers_again",
+           Command.PORT_CHECK: "port_answers"}
 
 
 @dataclass(frozen=True)
-class ModelsProbe:
-    """Hold one ``GET /v1/models`` outcome: ``answering`` False means nothing listens."""
+class ServerLaunch:
+    """One server's launch: what was there, what was decided, what each command returned."""
 
-    answering: bool
-    status: int | None = None
-    body: Any = None
-    error: str = ""
+    spec: ServerSpec
+    owner: str | None
+    step: LaunchStep
+    differences: list[str]
+    found: ServerProcess
+    leased: ServerProcess | None = None
+    answers_again: bool | None = None
+    released: Mapping[str, str] | None = None
+    port_answers: bool | None = None
+    launched: Mapping[str, str] | None = None
+    log_tail: str | None = None
+
+    def record(self, command: Command, result: Any) -> ServerLaunch:
+        """Return this launch with ``command``'s result where ``next_command`` reads it."""
+        return dataclasses.replace(self, **{_RESULT[command]: result})
 
 
 def probe_differences(
@@ -121,6 +125,66 @@ def launch_step(
     if not differences:
         return "reuse", []
     return ("replace" if replace_mismatched else "refuse"), differences
+
+
+def plan_server(
+    spec: ServerSpec,
+    seen: Observation,
+    expected: ModelExpectation,
+    owner: str | None,
+    *,
+    replace_mismatched: bool,
+    sglang_conn_id: str | None = None,
+) -> ServerLaunch:
+    """Return the launch of one server decided from what is there (``launch_step``)."""
+    step, differences = launch_step(
+        seen.probe, seen.process.alive, expected, replace_mismatched=replace_mismatched,
+        sglang_conn_id=sglang_conn_id, server_info=seen.server_info,
+    )  # fmt: skip
+    return ServerLaunch(spec, owner, step, differences, seen.process)
+
+
+def next_command(launch: ServerLaunch) -> Command | ServerOutcome:
+    """Return the next command to run for ``launch``, or its outcome once nothing is left."""
+    spec, found = launch.spec, launch.found
+    if launch.launched is not None:
+        pid = launch.launched.get("pid", "")
+        if not pid.isdigit() and launch.log_tail is None:
+            return Command.READ_LOG
+        action: Action = "replaced" if launch.step == "replace" else "started"
+        outcome = started_outcome(spec, action, launch.owner, pid, launch.log_tail or "",
+                                  already=launch.launched.get("already") == "1")
+        return dataclasses.replace(outcome, differences=list(launch.differences))
+    if launch.step == "start":
+        return Command.START
+    if launch.step == "refuse":
+        return refused_outcome(spec, found, launch.differences)
+    if launch.step in ("reuse", "loading"):
+        return _held(launch)
+    if launch.released is None:  # replace: this run's lease first; the last one stops it
+        return Command.RELEASE
+    if launch.released.get("outcome") == "not-running" and launch.port_answers is None:
+        return Command.PORT_CHECK
+    blocked = replace_blocked(spec, found, launch.released, launch.differences,
+                              port_answers=bool(launch.port_answers))
+    return Command.START if blocked is None else blocked
+
+
+def _held(launch: ServerLaunch) -> Command | ServerOutcome:
+    """Lease a server answering (reuse) or loading; start it if it is gone meanwhile."""
+    outcome = loading_outcome if launch.step == "loading" else reused_outcome
+    spec, owner, found = launch.spec, launch.owner, launch.found
+    owned = found.owned_by(owner)
+    if not owner:
+        return outcome(spec, owner, owned, found)
+    if launch.leased is None:
+        return Command.LEASE
+    if stopped_meanwhile(found, launch.leased):
+        if launch.answers_again is None:
+            return Command.REPROBE
+        if not launch.answers_again:
+            return Command.START
+    return outcome(spec, owner, owned, found, launch.leased)
 
 
 def refused_outcome(
@@ -260,40 +324,43 @@ def run_holds(outcome: ServerOutcome) -> bool:
 
 def stop_verdict(
     outcome: ServerOutcome,
-    release: Mapping[str, str] | None = None,
+    released: Mapping[str, str] | None = None,
     *,
     port_answers: bool | None = None,
-) -> tuple[StopBucket, str] | None:
-    """Return where a server's teardown ends and the line saying so, or None: observe more.
+) -> tuple[StopBucket, str] | Command:
+    """Return where a server's teardown ends and the line saying so, or the command to run.
 
-    Call it first with the launch outcome alone (None: release the run's lease), then with
-    the fields the release printed (None: the process is gone, confirm its port closed),
+    With the launch outcome alone: ``Command.RELEASE`` (this run's lease); with the fields
+    the release printed (``outcome=unreachable error=...`` when its host could not be
+    reached): ``Command.WAIT_CLOSED`` when the process is gone, to confirm its port closed;
     then with ``port_answers``: whether the port still answered after the wait.
     """
     spec = outcome.server
     if not run_holds(outcome):
         return "skipped", f"{spec.name}: {outcome.action}, not started or leased by this run"
-    if release is None:
-        return None
-    what = release.get("outcome", "?")
+    if released is None:
+        return Command.RELEASE
+    what = released.get("outcome", "?")
+    if what == "unreachable":
+        return "left_behind", f"{spec.name}: {released.get('error')}"
     if what == "kept":
         return "kept", (
-            f"{spec.name}: kept for {release.get('leases')} other run(s) leasing it "
-            f"({release.get('holders')}); this run's lease released"
+            f"{spec.name}: kept for {released.get('leases')} other run(s) leasing it "
+            f"({released.get('holders')}); this run's lease released"
         )
     if what == "still-alive":
         return "left_behind", (
-            f"{spec.name}: process {release.get('pid')} survived SIGTERM and SIGKILL; "
+            f"{spec.name}: process {released.get('pid')} survived SIGTERM and SIGKILL; "
             f"stop it by hand on {spec.host}"
         )
     if what == "not-running" and not outcome.started_by_this_run:
         return "skipped", f"{spec.name}: reused, not started by a launcher; left running"
     if port_answers is None:
-        return None
+        return Command.WAIT_CLOSED
     if port_answers:
         # The pid is gone but something answers: another process serves the port now.
         return "left_behind", (
-            f"{spec.name}: process {release.get('pid') or outcome.pid} is gone but "
+            f"{spec.name}: process {released.get('pid') or outcome.pid} is gone but "
             f"{spec.url} still answers; find what listens on port {spec.port}"
         )
-    return "stopped", f"{spec.name}: {what} pid {release.get('pid') or '-'}"
+    return "stopped", f"{spec.name}: {what} pid {released.get('pid') or '-'}"

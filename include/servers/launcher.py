@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from include.servers.commands import (
@@ -33,22 +34,17 @@ from include.servers.commands import (
     server_specs,
 )
 from include.servers.decisions import (
-    ModelsProbe,
-    ServerProcess,
-    launch_step,
-    loading_outcome,
-    refused_outcome,
-    replace_blocked,
-    reused_outcome,
+    Command,
+    ServerLaunch,
+    StopBucket,
+    next_command,
+    plan_server,
     run_holds,
-    started_outcome,
     stop_verdict,
-    stopped_meanwhile,
 )
 from include.servers.expectations import ModelExpectation, SpeculativeLaunch, key_problems
 from include.servers.hosts import HostError, Runners, fetch_log_tail, run_on_host
 from include.servers.launch_report import (
-    Action,
     LaunchReport,
     ServerOutcome,
     StopError,
@@ -62,6 +58,7 @@ from include.servers.lifecycle import (
     build_release_command,
     build_status_command,
 )
+from include.servers.observations import ModelsProbe, Observation, ServerProcess
 from include.sglang import sync as sglang
 from include.sglang.contract import SERVER_INFO
 
@@ -146,7 +143,7 @@ def launch_servers(
     from include.settings.errors import SettingsError
 
     deployment = settings.deployment
-    api_key = settings.api_key  # read from the connection now, masked in the task log
+    api_key = settings.api_key  # read from the connection once, masked in the task log
     problems = key_problems(deployment, api_key)
     if problems:
         raise SettingsError("; ".join(problems))
@@ -155,15 +152,24 @@ def launch_servers(
     specs = server_specs(settings)
     if servers is not None:
         specs = [trusted_spec(s.ident, specs) for s in servers]
+    config = server_config_yaml(api_key).encode() if api_key else None
+    extra = speculative.flags() if speculative else ()
+
+    def launch_command(spec: ServerSpec) -> str:  # built only for a server to start
+        return build_launch_command(spec, settings, extra_args=extra,
+                                    config_file=spec.paths.config_file if config else None)
+
     own_runners = runners is None
     runners = runners or Runners(connect_attempts=connect_attempts)
+    shell = _Shell(runners, owner, api_key, config, launch_command, probe_timeout_s,
+                   stop_grace_s)
     report = LaunchReport([], expected, settings.launch_timeout_s, owner, deployment.sglang_conn_id)
     try:
         for spec in specs:
-            outcome = _launch_one(
-                spec, settings, expected, runners, owner,
-                probe_timeout_s=probe_timeout_s, stop_grace_s=stop_grace_s,
-            )  # fmt: skip
+            launch = plan_server(spec, shell.observe(spec), expected, owner,
+                                 replace_mismatched=settings.replace_mismatched_servers,
+                                 sglang_conn_id=deployment.sglang_conn_id)
+            outcome = shell.carry_out(launch)
             log.info("server %s: %s %s", spec.name, outcome.action, outcome.detail)
             report.servers.append(outcome)
     except BaseException as exc:
@@ -189,102 +195,102 @@ def _undo(report: LaunchReport, settings: RunSettings, runners: Runners, grace_s
     exc.add_note("released what this launch had started or leased:\n- " + "\n- ".join(lines))
 
 
-def _launch_one(
-    spec: ServerSpec,
-    settings: RunSettings,
-    expected: ModelExpectation,
-    runners: Runners,
-    owner: str | None,
-    *,
-    probe_timeout_s: float,
-    stop_grace_s: float,
-) -> ServerOutcome:
-    key = settings.api_key
-    replace, conn_id = settings.replace_mismatched_servers, settings.deployment.sglang_conn_id
-    probe = probe_models(spec.url, key, probe_timeout_s)
-    # Read only from a server that could be reused: its speculation must be the launch's too.
-    info = (probe_server_info(spec.url, key, probe_timeout_s)
-            if probe.answering and probe.status == 200 else None)
-    status = read_process(runners, spec)
-    owned = status.owned_by(owner)
-    step, differences = launch_step(probe, status.alive, expected, replace_mismatched=replace,
-                                    sglang_conn_id=conn_id, server_info=info)
-    if step == "loading":
-        # SGLang opens its port once its model is loaded (minutes): lease it, the gate waits.
-        return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s,
-                      loading=True, speculative=expected.speculative)
-    if step == "start":
-        return _start(spec, settings, runners, owner, "started", expected.speculative)
-    if step == "reuse":
-        return _lease(spec, settings, runners, owner, owned, status, probe_timeout_s,
-                      speculative=expected.speculative)
-    if step == "refuse":
-        return refused_outcome(spec, status, differences)
-    release = _release(runners, spec, owner, stop_grace_s)
-    port_answers = (release.get("outcome") == "not-running"
-                    and probe_models(spec.url, None, 2.0).answering)
-    blocked = replace_blocked(spec, status, release, differences, port_answers=port_answers)
-    if blocked is not None:
-        return blocked
-    outcome = _start(spec, settings, runners, owner, "replaced", expected.speculative)
-    outcome.differences = differences
-    return outcome
+@dataclass
+class _Shell:
+    """Run the commands the decisions name, on a server's host or port; decide nothing.
 
+    Each command's result is read into plain data (a process record, a command's fields, a
+    bool) for the decisions. ``launch_command``: a server's foreground launch command;
+    ``config``: its ``--config`` file's bytes (the API key), sent on the command's stdin.
+    """
 
-def _lease(
-    spec: ServerSpec,
-    settings: RunSettings,
-    runners: Runners,
-    owner: str | None,
-    owned: bool,
-    status: ServerProcess,
-    probe_timeout_s: float,
-    *,
-    loading: bool = False,
-    speculative: SpeculativeLaunch | None = None,
-) -> ServerOutcome:
-    """Take this run's lease on a server answering (reuse) or loading; start it if it is gone."""
-    outcome = loading_outcome if loading else reused_outcome
-    if not owner:
-        return outcome(spec, owner, owned, status)
-    leased = ServerProcess.parse(
-        run_on_host(runners, spec, build_acquire_command(spec.paths, owner),
-                    timeout=LOCK_WAIT_S + 30).stdout
-    )  # fmt: skip
-    if stopped_meanwhile(status, leased) and not probe_models(
-        spec.url, settings.api_key, probe_timeout_s
-    ).answering:
-        return _start(spec, settings, runners, owner, "started", speculative)
-    return outcome(spec, owner, owned, status, leased)
+    runners: Runners
+    owner: str | None
+    key: str | None = None
+    config: bytes | None = None
+    launch_command: Callable[[ServerSpec], str] | None = None
+    probe_timeout_s: float = 5.0
+    grace_s: float = 30.0
 
+    def observe(self, spec: ServerSpec) -> Observation:
+        """Read what is there: the port's answers, then the process record on the host."""
+        probe = probe_models(spec.url, self.key, self.probe_timeout_s)
+        # Read only from a server that could be reused: its speculation must be the launch's too.
+        info = (probe_server_info(spec.url, self.key, self.probe_timeout_s)
+                if probe.answering and probe.status == 200 else None)
+        return Observation(probe, info, read_process(self.runners, spec))
 
-def _start(
-    spec: ServerSpec, settings: RunSettings, runners: Runners, owner: str | None, action: Action,
-    speculative: SpeculativeLaunch | None = None,
-) -> ServerOutcome:
-    key = settings.api_key
-    paths = spec.paths
-    config = server_config_yaml(key).encode() if key else None
-    launch = build_launch_command(spec, settings, config_file=paths.config_file if key else None,
-                                  extra_args=speculative.flags() if speculative else ())
-    log.info("server %s: launching on %s: %s", spec.name, runners.for_spec(spec).label, launch)
-    command = build_detached_command(
-        launch, paths, owner=owner, config_bytes=len(config) if config else None
-    )
-    out = run_on_host(runners, spec, command, timeout=LOCK_WAIT_S + 60, stdin=config)
-    fields = parse_fields(out.stdout)
-    pid = fields.get("pid", "")
-    tail = "" if pid.isdigit() else fetch_log_tail(runners, spec, 30, secret=key)
-    return started_outcome(spec, action, owner, pid, tail, already=fields.get("already") == "1")
+    def carry_out(self, launch: ServerLaunch) -> ServerOutcome:
+        """Run each command ``next_command`` names for ``launch`` until it gives the outcome."""
+        step = next_command(launch)
+        while isinstance(step, Command):
+            launch = launch.record(step, self.run(step, launch.spec))
+            step = next_command(launch)
+        return step
 
+    def stop(self, outcome: ServerOutcome) -> tuple[StopBucket, str]:
+        """Run each command ``stop_verdict`` names for a server until it gives the verdict."""
+        released: Mapping[str, str] | None = None
+        port_answers: bool | None = None
+        step = stop_verdict(outcome)
+        while isinstance(step, Command):
+            if step is Command.RELEASE:
+                try:
+                    released = self.release(outcome.server)
+                except HostError as exc:  # the teardown goes on with the other servers
+                    released = {"outcome": "unreachable", "error": str(exc)}
+            else:
+                port_answers = self.run(step, outcome.server)
+            step = stop_verdict(outcome, released, port_answers=port_answers)
+        return step
 
-def _release(
-    runners: Runners, spec: ServerSpec, owner: str | None, grace_s: float
-) -> dict[str, str]:
-    command = build_release_command(spec.paths, owner, grace_s=grace_s)
-    return parse_fields(
-        run_on_host(runners, spec, command, timeout=LOCK_WAIT_S + grace_s + 30).stdout
-    )
+    def run(self, command: Command, spec: ServerSpec) -> Any:
+        """Run one command for ``spec``; return its result as plain data."""
+        does: dict[Command, Callable[[ServerSpec], Any]] = {
+            Command.LEASE: self.lease, Command.START: self.start,
+            Command.READ_LOG: self.read_log, Command.RELEASE: self.release,
+            Command.REPROBE: self.reprobe, Command.PORT_CHECK: self.port_check,
+            Command.WAIT_CLOSED: self.wait_closed,
+        }  # fmt: skip
+        return does[command](spec)
+
+    def lease(self, spec: ServerSpec) -> ServerProcess:
+        command = build_acquire_command(spec.paths, self.owner or "")
+        return ServerProcess.parse(
+            run_on_host(self.runners, spec, command, timeout=LOCK_WAIT_S + 30).stdout)
+
+    def start(self, spec: ServerSpec) -> dict[str, str]:
+        assert self.launch_command is not None  # a teardown's shell starts nothing
+        launch = self.launch_command(spec)
+        log.info("server %s: launching on %s: %s", spec.name,
+                 self.runners.for_spec(spec).label, launch)
+        command = build_detached_command(launch, spec.paths, owner=self.owner,
+                                         config_bytes=len(self.config) if self.config else None)
+        out = run_on_host(self.runners, spec, command, timeout=LOCK_WAIT_S + 60,
+                          stdin=self.config)
+        return parse_fields(out.stdout)
+
+    def read_log(self, spec: ServerSpec) -> str:
+        return fetch_log_tail(self.runners, spec, 30, secret=self.key)
+
+    def release(self, spec: ServerSpec) -> dict[str, str]:
+        command = build_release_command(spec.paths, self.owner, grace_s=self.grace_s)
+        return parse_fields(run_on_host(self.runners, spec, command,
+                                        timeout=LOCK_WAIT_S + self.grace_s + 30).stdout)
+
+    def reprobe(self, spec: ServerSpec) -> bool:
+        return probe_models(spec.url, self.key, self.probe_timeout_s).answering
+
+    def port_check(self, spec: ServerSpec) -> bool:
+        # Without the key: what answers may be a process not started from our pid file.
+        return probe_models(spec.url, None, 2.0).answering
+
+    def wait_closed(self, spec: ServerSpec, wait_s: float = 10.0) -> bool:
+        """Return whether the port still answers once a stopped server had ``wait_s`` to close."""
+        deadline = time.monotonic() + wait_s
+        while self.port_check(spec) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self.port_check(spec)
 
 
 #: ``stop_servers``'s default owner: the one the report names.
@@ -325,10 +331,12 @@ def stop_servers(
     lease = report.owner if owner is _REPORT_OWNER else owner
     own_runners = runners is None
     runners = runners or Runners(connect_attempts=connect_attempts)
+    shell = _Shell(runners, lease, grace_s=grace_s)
     result = StopReport()
     try:
         for outcome in outcomes:
-            _stop_one(outcome, lease, runners, grace_s, result)
+            bucket, line = shell.stop(outcome)
+            getattr(result, bucket).append(line)
     finally:
         if own_runners:
             runners.close()
@@ -341,30 +349,3 @@ def stop_servers(
             result,
         )
     return result
-
-
-def _stop_one(
-    outcome: ServerOutcome, owner: str | None, runners: Runners, grace_s: float,
-    result: StopReport,
-) -> None:
-    spec = outcome.server
-    verdict = stop_verdict(outcome)
-    if verdict is None:
-        try:
-            release = _release(runners, spec, owner, grace_s)
-        except HostError as exc:
-            verdict = ("left_behind", f"{spec.name}: {exc}")
-        else:
-            verdict = stop_verdict(outcome, release)
-            if verdict is None:
-                verdict = stop_verdict(outcome, release, port_answers=_port_answers(spec.url))
-    bucket, line = verdict
-    getattr(result, bucket).append(line)
-
-
-def _port_answers(url: str, wait_s: float = 10.0) -> bool:
-    """Return whether ``url`` still answers once a stopped server had ``wait_s`` to close it."""
-    deadline = time.monotonic() + wait_s
-    while probe_models(url, None, 2.0).answering and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return probe_models(url, None, 2.0).answering

@@ -1,4 +1,8 @@
-"""The launcher's decisions, driven with plain data: probes, pid files, release lines."""
+"""The launcher's decisions, driven with plain data: probes, pid files, release lines.
+
+A launch's commands are driven by ``drive``, which plays the launcher's part with canned
+results: each test reads as the commands one server's launch runs and its outcome.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,12 @@ import pytest
 
 from include.servers.commands import ServerSpec
 from include.servers.decisions import (
-    ModelsProbe,
-    ServerProcess,
+    Command,
+    ServerLaunch,
     launch_step,
     loading_outcome,
+    next_command,
+    plan_server,
     refused_outcome,
     replace_blocked,
     reused_outcome,
@@ -22,6 +28,7 @@ from include.servers.decisions import (
 )
 from include.servers.expectations import ModelExpectation
 from include.servers.launch_report import LaunchReport, ServerOutcome
+from include.servers.observations import ModelsProbe, Observation, ServerProcess
 from tests.fixtures.settings import run_settings
 
 EXPECTED = ModelExpectation("qwen", 32768)
@@ -101,9 +108,9 @@ def test_a_loading_server_serves_the_run_under_its_lease_and_is_no_problem() -> 
                                           "gpus": [1]}])
     assert LaunchReport.from_dict(report.to_dict(), deployment).servers == report.servers
     # Its teardown releases the lease: the last one stops it, as for a reused server.
-    assert stop_verdict(theirs) is None
+    assert stop_verdict(theirs) is Command.RELEASE
     kept = stop_verdict(theirs, {"outcome": "kept", "leases": "1", "holders": "dag/run 1"})
-    assert kept is not None and kept[0] == "kept"
+    assert kept[0] == "kept"
 
 
 def test_a_refused_mismatch_says_how_to_replace_it() -> None:
@@ -161,6 +168,104 @@ def test_a_launch_without_a_pid_still_counts_as_started_so_teardown_tries() -> N
     assert bad.detail.endswith("log tail:\nTraceback ...")
 
 
+# --- a launch, command by command ---------------------------------------------------------
+#: Another run than the one that started ALIVE's process.
+OWNER = "dag/run 2"
+SHORT = models(length=4096)
+
+
+def plan(probe: ModelsProbe, process: ServerProcess, *, owner: str | None = OWNER,
+         replace: bool = False) -> ServerLaunch:
+    return plan_server(SPEC, Observation(probe, None, process), EXPECTED, owner,
+                       replace_mismatched=replace)
+
+
+def drive(launch: ServerLaunch, **results: Any) -> tuple[list[Command], ServerOutcome]:
+    """Run the launch as the launcher does: each named command's result is the canned one."""
+    ran: list[Command] = []
+    step = next_command(launch)
+    while isinstance(step, Command):
+        assert step not in ran, f"{step} named twice: {ran}"
+        ran.append(step)
+        launch = launch.record(step, results[step.value])
+        step = next_command(launch)
+    return ran, step
+
+
+def test_a_silent_port_without_a_process_gets_a_server_started() -> None:
+    ran, out = drive(plan(SILENT, DEAD), start={"pid": "321"})
+    assert ran == [Command.START]
+    assert (out.action, out.pid, out.started_by_this_run, out.leased) == (
+        "started", 321, True, True)
+
+
+def test_a_start_without_a_pid_reads_the_log_and_fails_with_its_tail() -> None:
+    ran, out = drive(plan(SILENT, DEAD), start={"pid": ""}, read_log="Traceback ...")
+    assert ran == [Command.START, Command.READ_LOG]
+    assert out.action == "failed" and out.detail.endswith("log tail:\nTraceback ...")
+
+
+def test_a_start_that_found_another_runs_server_under_the_lock_leases_it() -> None:
+    ran, out = drive(plan(SILENT, DEAD), start={"pid": "77", "already": "1"})
+    assert ran == [Command.START]
+    assert (out.action, out.started_by_this_run, out.leased) == ("loading", False, True)
+
+
+def test_a_matching_server_is_leased_and_reused() -> None:
+    leased = ServerProcess(4242, True, "dag/run 1", 2)
+    ran, out = drive(plan(answering(), ALIVE), lease=leased)
+    assert ran == [Command.LEASE]
+    assert (out.action, out.leased, out.started_by_this_run) == ("reused", True, False)
+    assert out.detail.endswith("leases now: 2")
+
+
+def test_without_an_owner_nothing_is_run_on_the_host() -> None:
+    ran, out = drive(plan(answering(), ALIVE, owner=None))
+    assert ran == [] and (out.action, out.leased) == ("reused", False)
+    ran, out = drive(plan(SILENT, ALIVE, owner=None))
+    assert ran == [] and out.action == "loading"
+
+
+def test_a_server_stopped_between_probe_and_lease_is_started_anew_once_its_port_is_silent(
+) -> None:
+    ran, out = drive(plan(answering(), ALIVE), lease=DEAD,
+                     reprobe=False, start={"pid": "500"})
+    assert ran == [Command.LEASE, Command.REPROBE, Command.START]
+    assert (out.action, out.pid, out.started_by_this_run) == ("started", 500, True)
+    # Still answering (another launch got there first): reused as it is.
+    ran, out = drive(plan(answering(), ALIVE), lease=DEAD, reprobe=True)
+    assert ran == [Command.LEASE, Command.REPROBE] and out.action == "reused"
+
+
+def test_a_loading_server_is_leased_for_the_health_gate() -> None:
+    ran, out = drive(plan(SILENT, ALIVE), lease=ALIVE)
+    assert ran == [Command.LEASE]
+    assert (out.action, out.leased) == ("loading", True) and "health gate waits" in out.detail
+
+
+def test_a_mismatch_is_refused_without_a_command_unless_replacing_is_allowed() -> None:
+    ran, out = drive(plan(answering(SHORT), ALIVE))
+    assert ran == [] and out.action == "mismatched" and "4096" in out.differences[0]
+    ran, out = drive(plan(answering(SHORT), ALIVE, replace=True),
+                     release={"outcome": "stopped", "pid": "4242"}, start={"pid": "600"})
+    assert ran == [Command.RELEASE, Command.START]
+    assert (out.action, out.pid) == ("replaced", 600) and "4096" in out.differences[0]
+
+
+def test_a_replacement_checks_the_port_only_when_the_release_found_no_process() -> None:
+    mismatched = plan(answering(SHORT), ALIVE, replace=True)
+    ran, out = drive(mismatched, release={"outcome": "not-running"}, port_check=True)
+    assert ran == [Command.RELEASE, Command.PORT_CHECK]
+    assert out.action == "failed" and "launched by hand or elsewhere" in out.detail
+    ran, out = drive(mismatched, release={"outcome": "not-running"}, port_check=False,
+                     start={"pid": "601"})
+    assert ran == [Command.RELEASE, Command.PORT_CHECK, Command.START]
+    assert out.action == "replaced"
+    ran, out = drive(mismatched, release={"outcome": "kept", "leases": "1", "holders": "b"})
+    assert ran == [Command.RELEASE] and out.action == "mismatched"
+    assert "1 other run(s) lease it (b)" in out.detail
+
+
 # --- stopping -----------------------------------------------------------------------------
 def outcome(started: bool, leased: bool, action: str = "started") -> ServerOutcome:
     return ServerOutcome(SPEC, action, started, 55, leased=leased)  # type: ignore[arg-type]
@@ -171,7 +276,7 @@ def test_servers_the_run_neither_started_nor_leased_are_skipped_without_a_releas
     assert stop_verdict(outcome(False, False, "mismatched")) == (
         "skipped", f"{SPEC.name}: mismatched, not started or leased by this run")
     assert run_holds(outcome(False, True)) and run_holds(outcome(True, False))
-    assert stop_verdict(outcome(False, True)) is None
+    assert stop_verdict(outcome(False, True)) is Command.RELEASE
 
 
 def test_the_release_line_decides_kept_left_behind_or_skipped() -> None:
@@ -179,7 +284,7 @@ def test_the_release_line_decides_kept_left_behind_or_skipped() -> None:
     kept = stop_verdict(held, {"outcome": "kept", "leases": "1", "holders": "other/run"})
     assert kept == ("kept", f"{SPEC.name}: kept for 1 other run(s) leasing it (other/run); "
                             "this run's lease released")
-    bucket, line = stop_verdict(held, {"outcome": "still-alive", "pid": "9"}) or ("", "")
+    bucket, line = stop_verdict(held, {"outcome": "still-alive", "pid": "9"})
     assert bucket == "left_behind" and "stop it by hand on gpu-a" in line
     reused = outcome(False, True, "reused")
     assert stop_verdict(reused, {"outcome": "not-running"}) == (
@@ -189,11 +294,18 @@ def test_the_release_line_decides_kept_left_behind_or_skipped() -> None:
 def test_a_stopped_server_is_gone_only_once_its_port_refuses() -> None:
     held = outcome(True, True)
     release = {"outcome": "stopped", "pid": "9"}
-    assert stop_verdict(held, release) is None
+    assert stop_verdict(held, release) is Command.WAIT_CLOSED
     assert stop_verdict(held, release, port_answers=False) == (
         "stopped", f"{SPEC.name}: stopped pid 9")
-    bucket, line = stop_verdict(held, release, port_answers=True) or ("", "")
+    bucket, line = stop_verdict(held, release, port_answers=True)
     assert bucket == "left_behind" and "port 30001" in line and "process 9" in line
     # A server we started whose pid file is gone: its pid comes from the launch report.
-    bucket, line = stop_verdict(held, {"outcome": "not-running"}, port_answers=True) or ("", "")
+    bucket, line = stop_verdict(held, {"outcome": "not-running"}, port_answers=True)
     assert bucket == "left_behind" and "process 55" in line
+
+
+def test_a_teardown_whose_host_cannot_be_reached_leaves_the_server_behind() -> None:
+    held = ServerOutcome(SPEC, "started", True, 55, leased=True)
+    assert stop_verdict(held) is Command.RELEASE
+    bucket, line = stop_verdict(held, {"outcome": "unreachable", "error": "auth failed"})
+    assert (bucket, line) == ("left_behind", f"{SPEC.name}: auth failed")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from include.servers.decisions import ModelsProbe, launch_step
+from include.servers.decisions import launch_step
 from include.servers.expectations import ModelExpectation, SpeculativeLaunch
+from include.servers.observations import ModelsProbe
 
 MODELS = {"data": [{"id": "m", "max_model_len": 8192}]}
 EXPECTED = ModelExpectation("m", 8192)
