@@ -188,18 +188,18 @@ def _held(launch: ServerLaunch) -> Command | ServerOutcome:
 
 
 def refused_outcome(
-    spec: ServerSpec, status: ServerProcess, differences: list[str]
+    spec: ServerSpec, process: ServerProcess, differences: list[str]
 ) -> ServerOutcome:
     """Return a mismatched server left running because replacing is not allowed."""
     return ServerOutcome(
-        spec, "mismatched", False, status.pid,
+        spec, "mismatched", False, process.pid,
         "left running; set `replace_mismatched_servers`: true to replace it", differences,
     )  # fmt: skip
 
 
 def replace_blocked(
     spec: ServerSpec,
-    status: ServerProcess,
+    process: ServerProcess,
     release: Mapping[str, str],
     differences: list[str],
     *,
@@ -213,7 +213,7 @@ def replace_blocked(
     what = release.get("outcome")
     if what == "kept":
         return ServerOutcome(
-            spec, "mismatched", False, status.pid,
+            spec, "mismatched", False, process.pid,
             f"not replaced: {release.get('leases')} other run(s) lease it "
             f"({release.get('holders')}) and generate on it; run this one after they finish, "
             "or on other GPUs",
@@ -221,14 +221,14 @@ def replace_blocked(
         )  # fmt: skip
     if what == "not-running" and port_answers:
         return ServerOutcome(
-            spec, "failed", False, status.pid,
+            spec, "failed", False, process.pid,
             f"cannot replace it: {spec.url} is served by a process not started from "
             f"{spec.paths.pid_file} (launched by hand or elsewhere); stop it yourself",
             differences,
         )  # fmt: skip
     if what == "still-alive":
         return ServerOutcome(
-            spec, "failed", False, status.pid,
+            spec, "failed", False, process.pid,
             f"cannot replace it: process {release.get('pid')} survived SIGTERM and SIGKILL",
             differences,
         )  # fmt: skip
@@ -251,7 +251,7 @@ def reused_outcome(
     before: ServerProcess,
     leased: ServerProcess | None = None,
 ) -> ServerOutcome:
-    """Return the reuse of a matching server; ``leased``: its status once this run leased it."""
+    """Return the reuse of a matching server; ``leased``: its process once this run leased it."""
     detail = "answers with the run's model and context length"
     if owned:
         detail += f"; started earlier by this run ({owner})"
@@ -269,7 +269,7 @@ def loading_outcome(
     before: ServerProcess,
     leased: ServerProcess | None = None,
 ) -> ServerOutcome:
-    """Return a server found loading its model; ``leased``: its status once this run leased it.
+    """Return a server found loading its model; ``leased``: its process once this run leased it.
 
     It serves the run like a started or reused one (its URL is the run's, it is no problem):
     the health gate waits for its port to open, then checks its model and context length.

@@ -12,6 +12,10 @@ only when no other run still leases it, so one run's teardown never stops server
 generates on. Teardown runs commands on the deployment's own servers only: each server of the
 report is matched against the settings' (``trusted_spec``), never taken from XCom.
 
+Each server is read first (``_Shell.observe``: plain data), then ``include.servers.decisions``
+decides and names one command at a time; ``_Shell`` runs each and records its result, and
+decides nothing itself.
+
 The servers' API key (``RunSettings.api_key``, the password of the ``sglang_conn_id`` connection)
 reaches a server in its ``--config`` file, written from the SSH command's stdin; it is in no
 command line, no report and no log tail this module returns.

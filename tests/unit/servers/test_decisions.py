@@ -83,9 +83,9 @@ def test_a_401_names_the_connection_holding_the_key_and_other_statuses_their_err
 
 
 def test_the_pid_lease_and_owner_line_is_parsed_with_an_owner_holding_spaces() -> None:
-    status = ServerProcess.parse("noise\npid=77 alive=1 leases=2 owner=dag/run: 1 b\n")
-    assert status == ServerProcess(77, True, "dag/run: 1 b", 2)
-    assert status.owned_by("dag/run: 1 b") and not status.owned_by("dag/run: 2")
+    process = ServerProcess.parse("noise\npid=77 alive=1 leases=2 owner=dag/run: 1 b\n")
+    assert process == ServerProcess(77, True, "dag/run: 1 b", 2)
+    assert process.owned_by("dag/run: 1 b") and not process.owned_by("dag/run: 2")
     assert not ServerProcess(1, True, "").owned_by(None)
     assert ServerProcess.parse("pid= alive=0 leases=x owner=") == ServerProcess(None, False, "", 0)
 
