@@ -229,6 +229,8 @@ class Tier:
             "REGEN_DATA_ROOTS": json.dumps([str(ROOT / "include" / "sample_data"),
                                             str(self.model_dir), *self.extra_data_roots]),
             "REGEN_PROTECTED_PREFIXES": json.dumps(["completions/"]),
+            "REGEN_ALLOWED_DRAFTERS": "{}",
+            "REGEN_ALLOWED_PROMPT_SETS": "{}",
             "REGEN_SGLANG_CONN_ID": SGLANG_CONN_ID,
             "REGEN_MAX_ACTIVE_SHARDS": "3",
             "REGEN_DEFER_HEALTH_GATE": "true",

@@ -140,6 +140,12 @@ class DeploymentSettings(BaseSettings):
         "checkpoint directory, the same path on the GPU hosts and the workers (its config.json "
         "is read from it). A trigger names a drafter; only this resolves it to a path.",
     )
+    allowed_prompt_sets: dict[str, str] = Field(
+        {}, description="Prompt sets an evaluation may measure beside the held-out split: "
+        "name -> a file inside a data root (MT-Bench's question.jsonl, GSM8K's test.jsonl, "
+        "HumanEval's HumanEval.jsonl.gz, or a parquet of the same columns; docs/evaluation.md). "
+        "A trigger names a set; only this resolves it to a file.",
+    )
     output_root: str = Field(
         str(REPO_ROOT / "var" / "runs"),
         description="Local directory or s3://bucket/prefix every run writes under "
