@@ -1,16 +1,18 @@
 """The evaluation's refusals (issue 36, item 4), as plain data in, problems out.
 
-``request_problems`` runs before anything is launched (the DAG's check step);
+``request_problems`` runs before anything is launched (the DAG's check step): drafters, the
+held-out split and the named prompt sets;
 ``server_problems`` once the servers answer, on what each reports in ``/server_info``
 (``utils/common.py`` ``build_server_info``: the resolved ``speculative_*`` server args).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from include.evaluation.compat import drafter_problems
+from include.evaluation.prompt_sets import load_prompt_sets
 from include.evaluation.settings import EvaluationRequest
 from include.evaluation.split import SplitError, load_split
 from include.storage import Store
@@ -18,10 +20,13 @@ from include.storage import Store
 
 def request_problems(request: EvaluationRequest, allowed_drafters: Mapping[str, str],
                      run_store: Store, target_config: dict[str, Any] | None,
-                     read_config: Callable[[str], dict[str, Any] | None]) -> list[str]:
+                     read_config: Callable[[str], dict[str, Any] | None], *,
+                     allowed_sets: Mapping[str, str] | None = None,
+                     data_roots: Sequence[str] = ()) -> list[str]:
     """Every mistake knowable before launch, all at once.
 
-    ``allowed_drafters`` is the deployment's (``DeploymentSettings.allowed_drafters``).
+    ``allowed_drafters``, ``allowed_sets`` and ``data_roots`` are the deployment's
+    (``DeploymentSettings``); each named prompt set is read whole here, as measure reads it.
     """
     problems = []
     for name in request.drafters:
@@ -38,6 +43,7 @@ def request_problems(request: EvaluationRequest, allowed_drafters: Mapping[str, 
         load_split(run_store)
     except SplitError as exc:
         problems.append(str(exc))
+    problems += load_prompt_sets(request.prompt_sets, allowed_sets or {}, data_roots)[1]
     return problems
 
 

@@ -17,6 +17,15 @@ from include.sglang.contract import Answer
 
 #: The configuration label of the pass without a drafter (the speedup's denominator).
 TARGET_ONLY = "target-only"
+#: The ``source`` of a deployment's named prompt set's prompts (``prompt_sets``): a prefix no
+#: run source has (their names are lowercase letters, digits, '_' and '-'), so a set's rows
+#: never pass for the run's own data.
+SET_SOURCE_PREFIX = "set:"
+
+
+def is_named_set(source: str) -> bool:
+    """Whether ``source`` is a deployment's named prompt set, not the run's data."""
+    return source.startswith(SET_SOURCE_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ def record_from_answer(prompt: dict[str, Any], cond: Condition, answer: Answer,
         "source": prompt.get("source", ""), "config": cond.config,
         "temperature": cond.temperature, "thinking": cond.thinking,
     }
+    if prompt.get("prompt_set"):  # a deployment's named set: reported apart from the run's data
+        base["prompt_set"] = prompt["prompt_set"]
     if not answer.answered or answer.status != 200:
         return {**base, "status": PromptStatus.FAILED.value, "reason": _failure_reason(answer),
                 "http_status": answer.status, "error": answer.text()[:300]}

@@ -3,7 +3,9 @@
 Nothing from a conf reaches a shell or a path: drafters are names, and only the deployment's
 ``allowed_drafters`` (``DeploymentSettings``, ``REGEN_ALLOWED_DRAFTERS``) turns a name into a
 checkpoint path; the dataset run is a name opened under the deployment's ``output_root``; the
-servers' settings are bound through ``RunSettings`` (so the model must be an allowed one).
+servers' settings are bound through ``RunSettings`` (so the model must be an allowed one);
+prompt sets are names too, resolved to files only by ``allowed_prompt_sets``
+(``REGEN_ALLOWED_PROMPT_SETS``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from include.servers.expectations import SpeculativeLaunch
 
@@ -34,6 +36,8 @@ class EvaluationRequest(BaseModel):
     dataset_run: str | None = Field(None, pattern=RUN_PATTERN)
     baseline: str
     candidates: list[str] = Field(min_length=1, max_length=8)
+    #: Names of the deployment's ``allowed_prompt_sets`` measured beside the held-out split.
+    prompt_sets: list[str] = Field([], max_length=16)
     algorithm: Algorithm = "EAGLE3"
     num_steps: int | None = Field(None, ge=1, le=64)
     eagle_topk: int | None = Field(None, ge=1, le=64)
@@ -60,12 +64,13 @@ class EvaluationRequest(BaseModel):
                   if v is not None and not (k == "dataset_run" and v == "")}
         return cls.model_validate(values)
 
-    @field_validator("baseline", "candidates")
+    @field_validator("baseline", "candidates", "prompt_sets")
     @classmethod
-    def _names(cls, value: str | list[str]) -> str | list[str]:
+    def _names(cls, value: str | list[str], info: ValidationInfo) -> str | list[str]:
+        what = "prompt set" if info.field_name == "prompt_sets" else "drafter"
         for name in [value] if isinstance(value, str) else value:
             if not _NAME.match(name):
-                raise ValueError(f"drafter name {name!r}: letters, digits, '.', '_', '-'")
+                raise ValueError(f"{what} name {name!r}: letters, digits, '.', '_', '-'")
         return value
 
     @field_validator("temperatures")

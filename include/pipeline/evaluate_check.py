@@ -5,8 +5,10 @@ the servers' settings by ``RunSettings`` (an allowed model); the dataset run (th
 the dataset Asset's latest) is opened read-only under the deployment's ``output_root``;
 drafters resolve to paths only through the deployment's ``allowed_drafters``
 (``REGEN_ALLOWED_DRAFTERS``) and are fitted to the target's ``config.json`` (read from the
-servers' ``model_path`` when it is a local directory); the deployment must have a server per
-configuration. Problems fail the task without a retry (the same inputs give the same problems).
+servers' ``model_path`` when it is a local directory); named prompt sets resolve to files only
+through ``allowed_prompt_sets`` (``REGEN_ALLOWED_PROMPT_SETS``), inside the data roots, and are
+read whole; the deployment must have a server per configuration. Problems fail the task
+without a retry (the same inputs give the same problems).
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ def problems(params: Mapping[str, Any] | None, inlet_events: Any = None
     store = open_store(dataset_uri(deployment, dataset_run), read_only=True,
                        s3_conn_id=deployment.s3_conn_id)
     found += request_problems(request, deployment.allowed_drafters, store,
-                              read_config(settings.model_path), read_config)
+                              read_config(settings.model_path), read_config,
+                              allowed_sets=deployment.allowed_prompt_sets,
+                              data_roots=deployment.data_roots)
     return found, [{"config": c, "dataset_run": dataset_run} for c in configurations(request)]
 
 
@@ -83,5 +87,6 @@ def run(params: Mapping[str, Any] | None, inlet_events: Any = None) -> list[dict
         if found:
             raise EvaluationRefused("evaluate_drafter refused:\n- " + "\n- ".join(found))
     print(f"evaluate_drafter: dataset run {plan[0]['dataset_run']!r}, configurations "
-          f"{[p['config'] for p in plan]}: settings, drafters and the held-out split checked")
+          f"{[p['config'] for p in plan]}: settings, drafters, the held-out split and the "
+          "named prompt sets checked")
     return plan

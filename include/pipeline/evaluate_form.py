@@ -2,7 +2,8 @@
 
 Read when the DAG file is parsed, so only pydantic's schema of the request (no stage, no
 network); the default model is the deployment's first allowed one, as in the main DAG's form.
-Drafters are names the deployment resolves (``REGEN_ALLOWED_DRAFTERS``); no field is a path.
+Drafters and prompt sets are names the deployment resolves (``REGEN_ALLOWED_DRAFTERS``,
+``REGEN_ALLOWED_PROMPT_SETS``); no field is a path.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 _TEXT: dict[str, tuple[str, str, str]] = {  # name: (section, title, description)
     "dataset_run": ("Dataset", "Dataset run", "Run name under the output root whose held-out "
                     "split is measured; empty: the dataset Asset's latest event."),
+    "prompt_sets": ("Dataset", "Named prompt sets", "Names of REGEN_ALLOWED_PROMPT_SETS "
+                    "(e.g. MT-Bench, GSM8K, HumanEval files the deployment lists) measured "
+                    "beside the held-out split, each reported as its own source; empty: none."),
     "baseline": ("Drafters", "Baseline drafter", "A drafter name of REGEN_ALLOWED_DRAFTERS."),
     "candidates": ("Drafters", "Candidate drafters", "Drafter names of "
                    "REGEN_ALLOWED_DRAFTERS, each compared with the baseline."),
