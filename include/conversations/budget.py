@@ -19,7 +19,7 @@ from include.conversations.chain import (
     history,
     new_messages,
 )
-from include.sglang.length import token_budget
+from include.sglang.length import BudgetRule
 
 #: Counts the tokens of messages as the chat template renders them, generation prompt
 #: included (``tokenization.tokenizer.count_prompt_tokens`` for one conversation).
@@ -60,20 +60,12 @@ def next_prompt_tokens(state: ChainState, count: TokenCounter, slack: int = 0) -
     return previous + count(appended) + slack
 
 
-def turn_budget(
-    state: ChainState,
-    count: TokenCounter,
-    *,
-    context_length: int,
-    cap: int,
-    margin: int,
-    min_completion: int,
-    slack: int = 0,
-) -> TurnBudget:
-    """Return the next turn's budget: ``include.sglang.length.token_budget`` from its estimated
-    prompt, with ``context_exhausted`` where the room left is below ``min_completion``."""
+def turn_budget(state: ChainState, count: TokenCounter, rule: BudgetRule, slack: int = 0
+                ) -> TurnBudget:
+    """Return the next turn's budget: ``rule`` applied to its estimated prompt, with
+    ``context_exhausted`` where the room left is below the rule's ``min_completion``."""
     prompt = next_prompt_tokens(state, count, slack)
-    budget = token_budget(prompt, context_length, cap, margin, min_completion)
+    budget = rule.budget(prompt)
     if budget.skip_reason is not None:
         return TurnBudget(prompt, 0, ConversationEnd.CONTEXT_EXHAUSTED,
                           f"turn {len(state.turns)}: {budget.detail}")

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import aiohttp
 
 from include.outcomes import RETRYABLE, ErrorKind
 from include.sglang import aio, contract
 from include.sglang.length import prompt_tokens_from_length_error
 
-if TYPE_CHECKING:
-    import aiohttp
 
 @dataclass(frozen=True)
 class ChatRequest:
@@ -102,6 +102,21 @@ def _error_message(text: str) -> str:
         if isinstance(err, str):
             return err
     return text.strip()[:2000]
+
+
+def new_session(connections: int, request_timeout_s: float, connect_timeout_s: float
+                ) -> aiohttp.ClientSession:
+    """Return the one session a shard run sends through (made inside its running loop):
+    ``connections`` at most, every request bounded by the two timeouts."""
+    connector = aiohttp.TCPConnector(
+        limit=connections,
+        limit_per_host=0,
+        # SGLang closes idle keep-alive connections after ~5 s; drop ours first so a
+        # request is rarely written onto a connection the server is closing.
+        keepalive_timeout=4.0,
+    )
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 async def send_chat(

@@ -33,6 +33,7 @@ from include.conversations.budget import turn_budget
 from include.conversations.records import conversation_record
 from include.conversations.resume import ResumeError, resume, turn_record
 from include.outcomes import TURN_KIND, ServerStatus
+from include.sglang.length import BudgetRule
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,6 @@ class Conversations:
     """The conversations of one shard run: their chains, queues per server and counters."""
 
     count_one: Callable[[Sequence[Mapping[str, Any]]], int]
-    context_length: Callable[[], int]
-    cap: int
-    margin: int
-    min_completion: int
     affinity: bool = True
     states: dict[str, chain.ChainState] = field(default_factory=dict)
     #: Per finished turn (by digest): what the journal adds to the server's result.
@@ -110,18 +107,18 @@ class Conversations:
         return sum(len(s.turns) for s in self.states.values())
 
     # --- planning -------------------------------------------------------------------------
-    def plan(self, prompt_id: str, count: Callable[[Sequence[Mapping[str, Any]]], int] | None = None
+    def plan(self, prompt_id: str, rule: BudgetRule,
+             count: Callable[[Sequence[Mapping[str, Any]]], int] | None = None
              ) -> tuple[list[dict[str, Any]], int, int] | chain.End:
-        """Return the next turn's (messages, estimated prompt tokens, max_tokens), or its End
-        (``context_exhausted`` ends the conversation here: nothing is sent). ``count``: the
-        conversation's own token counter (a sampling variant with other thinking)."""
+        """Return the next turn's (messages, estimated prompt tokens, max_tokens) under
+        ``rule``, or its End (``context_exhausted`` ends the conversation here: nothing is
+        sent). ``count``: the conversation's own token counter (a sampling variant with other
+        thinking)."""
         state = self.states[prompt_id]
         request = chain.next_request(state)
         if isinstance(request, chain.End):
             return request
-        budget = turn_budget(state, count or self.count_one, context_length=self.context_length(),
-                             cap=self.cap, margin=self.margin,
-                             min_completion=self.min_completion, slack=TURN_SLACK)
+        budget = turn_budget(state, count or self.count_one, rule, slack=TURN_SLACK)
         if budget.end_reason is not None:
             self.states[prompt_id] = chain.end_conversation(state, budget.end_reason,
                                                             budget.detail)

@@ -164,6 +164,16 @@ class ServerPool:
             counts[str(server.state)] += 1
         return counts
 
+    def stats(self) -> list[dict[str, Any]]:
+        """Return each server's counters and final window (the shard's outcome)."""
+        return [
+            {"url": s.url, "model": s.model, "context_length": s.context_length,
+             "completed": s.completed, "output_tokens": s.output_tokens, "sent": s.sent,
+             "ejections": s.ejections, "cool_downs": s.cool_downs, "healthy": s.healthy,
+             "final_window": s.window}
+            for s in self.servers
+        ]
+
     # --- outcomes ------------------------------------------------------------------------
     def record_success(self, server: ServerState, output_tokens: int, seq: int) -> None:
         """Count a completed request (``seq`` from ``dispatched``); it may end a rest."""

@@ -22,6 +22,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from include.sglang.length import BudgetRule
+
 #: Bytes a render may add beyond the template's text and the messages: special-token values
 #: (``bos_token`` and the like) are longer than their names in the template.
 SPECIAL_TOKEN_SLACK = 256
@@ -101,12 +103,13 @@ class PromptCounter:
         return self._template * (len(messages) + 1) + 2 * values + SPECIAL_TOKEN_SLACK
 
 
-def take_sure_fits(unplanned: collections.deque[dict[str, Any]], counter: Any, context: int,
-                   cap: int, margin: int, limit: int) -> list[tuple[dict[str, Any], int]]:
+def take_sure_fits(unplanned: collections.deque[dict[str, Any]], counter: Any, rule: BudgetRule,
+                   limit: int) -> list[tuple[dict[str, Any], int]]:
     """Take off the front of ``unplanned``, while ``counter``'s tokenizer is still loading,
-    up to ``limit`` single-turn prompts whose bound leaves the whole cap; return each with
-    its bound. Nothing once the tokenizer is ready, for a counter that cannot bound (a plain
-    function), or when the front prompt needs its exact count (it waits for the tokenizer).
+    up to ``limit`` single-turn prompts whose bound gets the whole cap from ``rule``; return
+    each with its bound. Nothing once the tokenizer is ready, for a counter that cannot bound
+    (a plain function), or when the front prompt needs its exact count (it waits for the
+    tokenizer).
     """
     from include.engine.conversing import is_conversation
 
@@ -116,7 +119,7 @@ def take_sure_fits(unplanned: collections.deque[dict[str, Any]], counter: Any, c
     while unplanned and len(taken) < limit:
         record = unplanned[0]
         bound = None if is_conversation(record) else counter.upper_bound(record["messages"])
-        if bound is None or context - bound - margin < cap:
+        if bound is None or rule.budget(bound).max_tokens < rule.cap:
             break
         taken.append((unplanned.popleft(), bound))
     return taken

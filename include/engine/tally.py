@@ -6,10 +6,11 @@ and the shard's outcome.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from include.durability.journal import Journal, is_final
@@ -18,6 +19,10 @@ from include.engine.outcome import PromptStatus
 from include.outcomes import ServerStatus
 
 log = logging.getLogger(__name__)
+
+#: How often the progress loop looks for the first answers: its first line follows them
+#: within this (progress lines only).
+FIRST_ANSWER_POLL_S = 0.25
 
 
 class Tally:
@@ -102,6 +107,19 @@ class Tally:
             self.truncated += 1
         self.output_tokens += int(result.usage.get("completion_tokens") or 0)
         self.completed_here += 1
+
+    async def progress_lines(self, interval_s: float, log_line: Callable[[], None]) -> None:
+        """Call ``log_line`` soon after the first answers (so the line has a rate and an ETA;
+        a line at 1 s said "0/20" and short shards then said nothing until done, issue 34),
+        or after one interval if no answer comes; then once per interval, until cancelled."""
+        first = (self.completed_here, self.output_tokens)
+        waited = 0.0
+        while (self.completed_here, self.output_tokens) == first and waited < interval_s:
+            await asyncio.sleep(FIRST_ANSWER_POLL_S)
+            waited += FIRST_ANSWER_POLL_S
+        while True:
+            log_line()
+            await asyncio.sleep(interval_s)
 
     def log_progress(self, total: int, elapsed: float, in_flight: int,
                      servers: dict[str, int], final: bool = False) -> None:

@@ -256,7 +256,7 @@ def longest_prompt(
     when no prompt fits at all (every one would be skipped as too long).
     """
     from include.engine.conversing import first_request
-    from include.sglang.length import token_budget
+    from include.sglang.length import BudgetRule
 
     requests = [(p, first_request(p)) for p in prompts]
     requests.sort(key=lambda pr: -sum(len(m["content"]) for m in pr[1]))
@@ -264,8 +264,7 @@ def longest_prompt(
     counts = count_tokens([messages for _, messages in pool])
     ranked = sorted(zip(counts, range(len(pool)), strict=True), reverse=True)
     for p_tokens, i in ranked:
-        budget = token_budget(p_tokens, settings.context_length, settings.max_tokens,
-                              settings.context_margin, settings.min_completion_tokens)
+        budget = BudgetRule.of(settings).budget(p_tokens)
         if not budget.skip_reason:
             return pool[i][0], pool[i][1], p_tokens, budget.max_tokens
     raise ValueError(

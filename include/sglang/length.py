@@ -4,7 +4,7 @@ A request whose prompt (P tokens, counted as the server counts them) and ``max_t
 fit the context length C is rejected with one of three 400 messages (SGLang 0.5.23
 ``tokenizer_manager.py`` ``_validate_one_request``, then ``managers/utils.py``
 ``validate_input_length``): every stage that sizes a request (the engine, a conversation's
-next turn, preflight) budgets with ``token_budget``, and the engine reads P back from a
+next turn, preflight) budgets with one ``BudgetRule``, and the engine reads P back from a
 rejection with ``prompt_tokens_from_length_error``.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _LENGTH_PATTERNS = (
     # P >= C
@@ -32,10 +33,10 @@ class Budget:
     detail: str = ""
 
 
-def token_budget(
-    prompt_tokens: int, context_length: int, cap: int, margin: int, min_completion: int
-) -> Budget:
-    """Return ``min(cap, C - P - margin)``, or a skip when that leaves < ``min_completion``.
+@dataclass(frozen=True)
+class BudgetRule:
+    """The limits a request is sized under: the context C, the margin kept free below it, the
+    run's ``max_tokens`` cap and the least room worth sending a prompt for.
 
     SGLang v0.5.6 rejects ``P + max_tokens >= C`` and prompts within six tokens of C; 0.5.23
     accepts ``P + max_tokens = C`` but ends every request at ``C - P - 2`` new tokens
@@ -43,16 +44,32 @@ def token_budget(
     silently, by length. So ``margin`` is at least 2 (the setting refuses less; default 16):
     every answer gets the tokens it asked for, and one cut by length was cut at its budget.
     """
-    room = context_length - prompt_tokens - margin
-    if room < min_completion:
-        return Budget(
-            0,
-            "prompt_too_long",
-            f"prompt has {prompt_tokens} tokens; context_length {context_length} - "
-            f"context_margin {margin} leaves {room}, below min_completion_tokens "
-            f"{min_completion}",
-        )
-    return Budget(min(cap, room))
+
+    context_length: int
+    cap: int
+    margin: int
+    min_completion: int
+
+    @classmethod
+    def of(cls, settings: Any) -> BudgetRule:
+        """Return the rule of a run's settings (``RunSettings`` or the engine's config: both
+        name them ``context_length``, ``max_tokens``, ``context_margin``,
+        ``min_completion_tokens``)."""
+        return cls(settings.context_length, settings.max_tokens, settings.context_margin,
+                   settings.min_completion_tokens)
+
+    def budget(self, prompt_tokens: int) -> Budget:
+        """Return ``min(cap, C - P - margin)``, or a skip when that leaves < ``min_completion``."""
+        room = self.context_length - prompt_tokens - self.margin
+        if room < self.min_completion:
+            return Budget(
+                0,
+                "prompt_too_long",
+                f"prompt has {prompt_tokens} tokens; context_length {self.context_length} - "
+                f"context_margin {self.margin} leaves {room}, below min_completion_tokens "
+                f"{self.min_completion}",
+            )
+        return Budget(min(self.cap, room))
 
 
 def prompt_tokens_from_length_error(message: str) -> int | None:

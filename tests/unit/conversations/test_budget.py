@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from include.conversations import chain
 from include.conversations.budget import next_prompt_tokens, turn_budget
 from include.conversations.chain import ConversationEnd, start
+from include.sglang.length import BudgetRule
 from tests.unit.conversations.dialogues import IntServer, chat, count_tokens, drive
 
-LIMITS = {"context_length": 200, "cap": 64, "margin": 16, "min_completion": 8}
+RULE = BudgetRule(context_length=200, cap=64, margin=16, min_completion=8)
 
 
 def test_the_first_turn_is_counted_whole() -> None:
@@ -38,16 +41,16 @@ def test_without_server_ids_the_usage_counts_stand_in() -> None:
 def test_the_budget_is_the_room_left_capped() -> None:
     state = start("c", chat(2))
     prompt = next_prompt_tokens(state, count_tokens)
-    budget = turn_budget(state, count_tokens, **{**LIMITS, "cap": 1000})
+    budget = turn_budget(state, count_tokens, dataclasses.replace(RULE, cap=1000))
     assert (budget.prompt_tokens, budget.max_tokens, budget.end_reason) == (
         prompt, 200 - prompt - 16, None)
-    assert turn_budget(state, count_tokens, **LIMITS).max_tokens == 64
+    assert turn_budget(state, count_tokens, RULE).max_tokens == 64
 
 
 def test_a_turn_that_cannot_fit_ends_the_conversation_as_context_exhausted() -> None:
     server = IntServer()
     state = drive(start("c", chat(4)), [" ".join(["word"] * 80)] * 2, server)
-    budget = turn_budget(state, count_tokens, **LIMITS)
+    budget = turn_budget(state, count_tokens, RULE)
     assert budget.end_reason == ConversationEnd.CONTEXT_EXHAUSTED
     assert budget.max_tokens == 0 and "turn 2" in budget.detail
     ended = chain.end_conversation(state, budget.end_reason, budget.detail)

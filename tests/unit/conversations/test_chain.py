@@ -184,6 +184,7 @@ def test_the_ends_the_run_reports_are_the_ends_of_what_was_sent() -> None:
     # The engine's side (generation.conversing) drives the chain, the tokenization stage
     # counts the final records' ends for the report: both must say what the server received.
     from include.engine.conversing import Conversations
+    from include.sglang.length import BudgetRule
     from include.tokenization.conversations import explode
 
     def agent(i: int) -> dict:
@@ -197,14 +198,14 @@ def test_the_ends_the_run_reports_are_the_ends_of_what_was_sent() -> None:
                              {"role": "assistant", "content": "Act: finish"}]}
 
     prompts = [agent(i) for i in range(4)]
-    engine = Conversations(lambda ms: 10, lambda: 4096, 256, 16, 16)
+    engine = Conversations(lambda ms: 10)
     engine.resume("shard-00000", prompts, [])
     server = IntServer()
     for p in prompts:  # conversation 0 runs a command the dataset's action does not
         task = ("Act: bash\n\n```ls /etc | wc -l```" if p["id"] == "os:0"
                 else "Think: look.\n\nAct: bash")
         for text in ["OK.", task, "Act: finish"]:
-            planned = engine.plan(p["id"])
+            planned = engine.plan(p["id"], BudgetRule(4096, 256, 16, 16))
             if not isinstance(planned, tuple):
                 break
             engine.turn_done(p["id"], server.answer(planned[0], text), server.url, {})

@@ -12,7 +12,7 @@ from include.engine.client import (
     build_body,
 )
 from include.engine.window import next_window, parse_metrics
-from include.sglang.length import prompt_tokens_from_length_error, token_budget
+from include.sglang.length import BudgetRule, prompt_tokens_from_length_error
 
 # The three texts, verbatim from SGLang (shared/docs/sglang-contract.md).
 TOO_LONG = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
@@ -28,18 +28,18 @@ NEAR = ("Input length (8190 tokens) exceeds the maximum allowed length (8186 tok
 
 def test_the_real_runs_8192_cap_on_an_8192_context_never_asks_for_too_much() -> None:
     for prompt_tokens in (1, 500, 4000, 7900):
-        b = token_budget(prompt_tokens, 8192, cap=8192, margin=16, min_completion=256)
+        b = BudgetRule(8192, cap=8192, margin=16, min_completion=256).budget(prompt_tokens)
         assert b.skip_reason is None
         assert prompt_tokens + b.max_tokens < 8192  # v0.5.6 rejects P + M >= C
         assert b.max_tokens == min(8192, 8192 - prompt_tokens - 16)
 
 
 def test_cap_applies_when_there_is_room() -> None:
-    assert token_budget(100, 32768, cap=8192, margin=16, min_completion=256).max_tokens == 8192
+    assert BudgetRule(32768, cap=8192, margin=16, min_completion=256).budget(100).max_tokens == 8192
 
 
 def test_prompt_leaving_too_little_room_is_skipped_with_the_numbers() -> None:
-    b = token_budget(8000, 8192, cap=8192, margin=16, min_completion=256)
+    b = BudgetRule(8192, cap=8192, margin=16, min_completion=256).budget(8000)
     assert b.skip_reason == "prompt_too_long"
     assert "8000 tokens" in b.detail and "176" in b.detail and "256" in b.detail
 

@@ -34,7 +34,7 @@ def _chat(cid: str, turns: int) -> dict:
 
 
 def _conversations(prompts: list[dict]) -> Conversations:
-    conv = Conversations(lambda m: 10, lambda: 4096, 256, 16, 16)
+    conv = Conversations(lambda m: 10)
     conv.resume("shard-00000", prompts, [])
     return conv
 

@@ -9,33 +9,28 @@ import asyncio
 import pytest
 
 from include.durability.journal import FileJournal
-from include.engine import dispatch as engine
-from include.engine.dispatch import FIRST_ANSWER_POLL_S, EngineConfig, _Run
+from include.engine import tally as tally_module
+from include.engine.tally import FIRST_ANSWER_POLL_S, Tally
 
 
 def _lines(tmp_path, monkeypatch, first_answer_at: float | None) -> tuple[list, list]:
     """Run the progress loop on a fake clock (the sum of its sleeps); the first answer lands
     at ``first_answer_at`` seconds. Return (the sleeps, what each line saw)."""
-    config = EngineConfig(model="m", context_length=4096, max_tokens=64, context_margin=16,
-                          min_completion_tokens=8, sampling={"temperature": 0, "top_p": 1},
-                          progress_interval_s=30.0)
-    run = _Run("shard-00000", [], lambda convs: [5] * len(convs), ["http://s"],
-               FileJournal(tmp_path / "j.jsonl"), config)
+    tally = Tally("shard-00000", FileJournal(tmp_path / "j.jsonl"), {})
     slept: list[float] = []
     lines: list[tuple[float, int]] = []
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
         if first_answer_at is not None and sum(slept) >= first_answer_at:
-            run.tally.completed_here = 1
+            tally.completed_here = 1
         if len(lines) == 3:
             raise asyncio.CancelledError
 
-    monkeypatch.setattr(engine.asyncio, "sleep", sleep)
-    monkeypatch.setattr(run, "_log_progress", lambda final=False: lines.append(
-        (sum(slept), run.tally.completed_here)))
+    monkeypatch.setattr(tally_module.asyncio, "sleep", sleep)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(run._progress_loop())
+        asyncio.run(tally.progress_lines(30.0, lambda: lines.append(
+            (sum(slept), tally.completed_here))))
     return slept, lines
 
 

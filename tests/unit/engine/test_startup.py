@@ -8,10 +8,11 @@ import json
 import pytest
 
 from include.durability.journal import FileJournal
-from include.engine.dispatch import EngineConfig, _Run
-from include.engine.pool import ServerPool
+from include.engine.config import EngineConfig
+from include.engine.planning import Planner
 from include.engine.startup import PromptCounter, take_sure_fits, template_bytes
-from include.sglang.length import token_budget
+from include.engine.tally import Tally
+from include.sglang.length import BudgetRule
 from include.target_tokenizer import TokenizerError, count_prompt_tokens, load_tokenizer
 from sglang_standin.tokenizer import build_chat_tokenizer
 
@@ -39,15 +40,16 @@ class _Loading:
         return [1000] * len(convs)
 
 
-def _run(tmp_path, prompts, counter) -> _Run:
+RULE = BudgetRule(context_length=4096, cap=512, margin=16, min_completion=8)
+
+
+def _planner(tmp_path, prompts, counter) -> Planner:
     config = EngineConfig(model="m", context_length=4096, max_tokens=512, context_margin=16,
                           min_completion_tokens=8, sampling={"temperature": 0, "top_p": 1})
-    run = _Run("shard-00000", prompts, counter, ["http://s"],
-               FileJournal(tmp_path / "j.jsonl"), config)
-    run.pool = ServerPool(["http://s"], mode="fixed", start_window=1, min_window=1,
-                          max_window=1, cool_down_after_failures=3, health_interval_s=1)
-    run.unplanned.extend(prompts)
-    return run
+    tally = Tally("shard-00000", FileJournal(tmp_path / "j.jsonl"), config.sampling)
+    planner = Planner(config, counter, tally, collections.deque(), None)
+    planner.unplanned.extend(prompts)
+    return planner
 
 
 def test_prompts_that_surely_fit_are_planned_with_the_cap_before_the_tokenizer_is_ready(
@@ -55,27 +57,27 @@ def test_prompts_that_surely_fit_are_planned_with_the_cap_before_the_tokenizer_i
     # p3 is long enough that its bound leaves less than the cap: it waits for its count.
     prompts = [_prompt(0), _prompt(1), _prompt(2), _prompt(3, words=600), _prompt(4)]
     counter = _Loading()
-    run = _run(tmp_path, prompts, counter)
-    run._plan_more()
-    assert [(i.record["id"], i.max_tokens) for i in run.pending] == [
+    planner = _planner(tmp_path, prompts, counter)
+    planner.plan_more()
+    assert [(i.record["id"], i.max_tokens) for i in planner.pending] == [
         ("p0", 512), ("p1", 512), ("p2", 512)]
-    assert [p["id"] for p in run.unplanned] == ["p3", "p4"] and counter.counted == []
-    run._plan_more()  # the front needs its count: the next chunk waits for the tokenizer
-    assert counter.counted == [2] and not run.unplanned
-    assert [(i.record["id"], i.prompt_tokens) for i in run.pending][3:] == [
+    assert [p["id"] for p in planner.unplanned] == ["p3", "p4"] and counter.counted == []
+    planner.plan_more()  # the front needs its count: the next chunk waits for the tokenizer
+    assert counter.counted == [2] and not planner.unplanned
+    assert [(i.record["id"], i.prompt_tokens) for i in planner.pending][3:] == [
         ("p3", 1000), ("p4", 1000)]
 
 
 def test_whole_conversations_wait_for_the_tokenizer(tmp_path) -> None:
-    run = _run(tmp_path, [_prompt(0, turns="all"), _prompt(1)], _Loading())
-    assert take_sure_fits(run.unplanned, run.count_tokens, 4096, 512, 16, 256) == []
+    planner = _planner(tmp_path, [_prompt(0, turns="all"), _prompt(1)], _Loading())
+    assert take_sure_fits(planner.unplanned, planner.count_tokens, RULE, 256) == []
 
 
 def test_a_plain_counting_function_plans_as_before(tmp_path) -> None:
-    run = _run(tmp_path, [_prompt(0), _prompt(1)], lambda convs: [7] * len(convs))
-    assert take_sure_fits(run.unplanned, run.count_tokens, 4096, 512, 16, 256) == []
-    run._plan_more()
-    assert [(i.prompt_tokens, i.max_tokens) for i in run.pending] == [(7, 512), (7, 512)]
+    planner = _planner(tmp_path, [_prompt(0), _prompt(1)], lambda convs: [7] * len(convs))
+    assert take_sure_fits(planner.unplanned, planner.count_tokens, RULE, 256) == []
+    planner.plan_more()
+    assert [(i.prompt_tokens, i.max_tokens) for i in planner.pending] == [(7, 512), (7, 512)]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,7 @@ def test_the_bound_is_never_below_the_count_and_gives_the_exact_budget(tokenizer
         bound = counter.upper_bound(conv)
         for context in (4096, 8192, 32768):
             if context - bound - 16 >= 1024:  # what take_sure_fits requires
-                assert token_budget(p, context, 1024, 16, 8).max_tokens == 1024
+                assert BudgetRule(context, 1024, 16, 8).budget(p).max_tokens == 1024
 
 
 def test_a_tokenizer_that_cannot_load_fails_where_it_is_counted(tmp_path) -> None:
@@ -123,4 +125,4 @@ def test_template_size_from_either_file(tmp_path) -> None:
     (tmp_path / "chat_template.jinja").write_text("{{ x }}")
     assert template_bytes(str(tmp_path)) == 7
     assert template_bytes(str(tmp_path / "nowhere")) is None
-    assert take_sure_fits(collections.deque(), _Loading(), 4096, 512, 16, 8) == []
+    assert take_sure_fits(collections.deque(), _Loading(), RULE, 8) == []

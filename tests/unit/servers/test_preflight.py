@@ -167,6 +167,7 @@ def test_a_whole_conversation_is_preflighted_with_its_first_turn_as_the_engine_b
     from include.conversations import chain
     from include.engine.conversing import Conversations
     from include.servers.first_requests import longest_prompt
+    from include.sglang.length import BudgetRule
 
     settings = SimpleNamespace(**RUN)
     conversation = whole_conversation("chat:0", turns=4)
@@ -177,11 +178,9 @@ def test_a_whole_conversation_is_preflighted_with_its_first_turn_as_the_engine_b
     assert prompt["id"] == "chat:0"
     assert [m["role"] for m in messages] == ["system", "user"]
     # The engine's own plan for the conversation's first turn: the same request, P, budget.
-    engine = Conversations(lambda ms: count_words([list(ms)])[0], lambda: RUN["context_length"],
-                           RUN["max_tokens"], RUN["context_margin"],
-                           RUN["min_completion_tokens"])
+    engine = Conversations(lambda ms: count_words([list(ms)])[0])
     engine.states["chat:0"] = chain.start("chat:0", conversation["messages"])
-    assert engine.plan("chat:0") == (messages, p_tokens, max_tokens)
+    assert engine.plan("chat:0", BudgetRule.of(settings)) == (messages, p_tokens, max_tokens)
 
 
 @pytest.mark.parametrize("answer", [300, 20], ids=["whole-longer-than-context", "whole-fits"])
