@@ -27,7 +27,8 @@ check_settings
   **wait_for_server** gates on `/health` and on the model name and
   context length each server reports; **preflight** sends the run's longest prompt to each.
 * **shard** runs once per shard: generate (journaled, resumable), upload (create-only,
-  checksummed), tokenize (checked masks).
+  checksummed), tokenize (checked masks); once more, named `held-out`, for the run's held-out
+  split, whose answers land in `eval/` beside its prompts, in no training export.
 * **report** writes `report/<run id>/` (funnel, throughput, lengths, plots), fails the run on
   a broken quality gate, and otherwise updates the dataset asset (alias
   `regenerated_drafter_data`) a training DAG can be scheduled on.
@@ -102,7 +103,9 @@ DEFAULT_ARGS = {
 }
 #: A mapped shard task's name in the grid, from its own arguments: shown as soon as the task
 #: starts (a name set inside the task body would only show once the task finished).
-SHARD_NAME = "{{ task.op_kwargs['shard_id'] }}"
+# The held-out split is shard-00000 of the run's eval/ folder: named apart from shard-00000.
+SHARD_NAME = ("{{ 'held-out' if task.op_kwargs.get('split') == 'held_out' "
+              "else task.op_kwargs['shard_id'] }}")
 #: A shard of 1,000 prompts with thinking takes ~10-40 minutes on eight busy GPUs.
 SHARD_TIMEOUT = timedelta(hours=6)
 
@@ -157,39 +160,41 @@ def regenerate_drafter_data() -> None:
 
     @task_group(group_id="shard")
     def per_shard(shard_id: str, servers: list[dict], outputs_uri: str,
-                  wait_for: dict | None) -> None:
+                  wait_for: dict | None, split: str = "train") -> None:
         @task(max_active_tis_per_dagrun=MAX_ACTIVE_SHARDS + SHARDS_QUEUED_AHEAD,
               execution_timeout=SHARD_TIMEOUT, map_index_template=SHARD_NAME)
         def generate(shard_id: str, servers: list[dict], outputs_uri: str,
-                     wait_for: dict | None, params: dict | None = None,
+                     wait_for: dict | None, split: str = "train",
+                     params: dict | None = None,
                      run_id: str | None = None, ti=None) -> dict:
             """Generate the shard's completions into its journal, one writer at a time."""
             from include.pipeline.generate import run
 
             return run(shard_id, servers, outputs_uri, wait_for, params, dag_id=DAG_ID,
-                       run_id=run_id, ti=ti, slots=MAX_ACTIVE_SHARDS)
+                       run_id=run_id, ti=ti, slots=MAX_ACTIVE_SHARDS, split=split)
 
         @task(map_index_template=SHARD_NAME)
-        def upload(shard_id: str, generated: dict, outputs_uri: str,
+        def upload(shard_id: str, generated: dict, outputs_uri: str, split: str = "train",
                    params: dict | None = None, run_id: str | None = None) -> str:
             """Publish the shard's completions create-only, with checksums."""
             from include.pipeline.upload import run
 
-            return run(shard_id, generated, outputs_uri, params, run_id)
+            return run(shard_id, generated, outputs_uri, params, run_id, split)
 
         @task(map_index_template=SHARD_NAME)
-        def tokenize(shard_id: str, outputs_uri: str, params: dict | None = None,
-                     run_id: str | None = None) -> str:
+        def tokenize(shard_id: str, outputs_uri: str, split: str = "train",
+                     params: dict | None = None, run_id: str | None = None) -> str:
             """Tokenize the shard into input_ids + loss_mask, checked token by token."""
             from include.pipeline.tokenize import run
 
-            return run(shard_id, outputs_uri, params, run_id)
+            return run(shard_id, outputs_uri, params, run_id, split)
 
         # Keyword arguments: the shard names in the grid (SHARD_NAME) read them by name.
         generated = generate(shard_id=shard_id, servers=servers, outputs_uri=outputs_uri,
-                             wait_for=wait_for)
-        uploaded = upload(shard_id=shard_id, generated=generated, outputs_uri=outputs_uri)
-        tokenize(shard_id=uploaded, outputs_uri=outputs_uri)
+                             wait_for=wait_for, split=split)
+        uploaded = upload(shard_id=shard_id, generated=generated, outputs_uri=outputs_uri,
+                          split=split)
+        tokenize(shard_id=uploaded, outputs_uri=outputs_uri, split=split)
 
     @task(outlets=[AssetAlias(DATASET_ALIAS)], retries=0)
     def report(plan: list[dict], launched: dict, params: dict | None = None,

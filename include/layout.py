@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 PROMPTS_PREFIX = "prompts"
 #: The prepare stage's manifest: its funnel, and the list of prompt shards.
@@ -35,9 +36,13 @@ REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 REPORT_MARKDOWN = "report.md"
 #: The held-out split (``include/prompts/held_out.py``): prompts no training export holds,
-#: kept for measuring a drafter on the run's own data (the ``evaluate_drafter`` DAG).
+#: kept for measuring a drafter on the run's own data (the ``evaluate_drafter`` DAG). It is a
+#: run of one shard nested in the run's ``eval/`` folder (``eval_location``): its prompts,
+#: journal, completions and rows keep a shard's keys under it, so the shard tasks answer it
+#: as they answer a shard, and no training export (the run's own keys) can hold it.
 EVAL_PREFIX = "eval"
-EVAL_PROMPTS_KEY = f"{EVAL_PREFIX}/prompts.jsonl"
+EVAL_SHARD = "shard-00000"
+EVAL_PROMPTS_KEY = f"{EVAL_PREFIX}/{PROMPTS_PREFIX}/{EVAL_SHARD}.jsonl"
 EVAL_MANIFEST_KEY = f"{EVAL_PREFIX}/manifest.json"
 #: The dataset card's file name (Hugging Face's dataset-card convention).
 CARD_NAME = "README.md"
@@ -47,6 +52,18 @@ _SHARD_PREFIX = "shard-"
 #: outputs (the dataset card's ``data_files`` and what it tells a reader to load).
 TOKENIZED_PARQUET_GLOB = f"{TOKENIZED_PREFIX}/{_SHARD_PREFIX}*.parquet"
 CONVERSATIONS_GLOB = f"{TOKENIZED_PREFIX}/{_SHARD_PREFIX}*.conversations.jsonl"
+
+
+class Split(StrEnum):
+    """Which split a plan entry's shard belongs to: training, or the held-out split."""
+
+    TRAIN = "train"
+    HELD_OUT = "held_out"
+
+
+def eval_location(uri: str) -> str:
+    """Return the held-out split's location inside the outputs (or prompts) location ``uri``."""
+    return f"{uri.rstrip('/')}/{EVAL_PREFIX}"
 
 
 def run_folder(run_id: str) -> str:

@@ -1,4 +1,4 @@
-"""The held-out split of a dataset run: ``<run>/eval/prompts.jsonl`` + ``eval/manifest.json``.
+"""The held-out split of a dataset run: ``include.layout.EVAL_PROMPTS_KEY`` + its manifest.
 
 Written by the prepare stage (``include/prompts/held_out.py``); each line is a prompt record
 of the same schema as the run's prompt shards (``id``, ``source``, ``messages``, ``metadata``,

@@ -30,9 +30,11 @@ from typing import Any
 from urllib.parse import quote
 
 from include.dag_names import SHARD_TASKS
-from include.layout import REGENERATIONS_PREFIX
+from include.layout import REGENERATIONS_PREFIX, Split
 from include.outcomes import PromptStatus
 
+#: The held-out split's name among a run's shards (the DAG's map index name for it).
+HELD_OUT_NAME = "held-out"
 #: Runs the page shows: the newest ones (older runs are in Airflow's run list).
 RECENT_RUNS = 10
 #: A task instance with no state yet (Airflow's UI: "No Status"), as the page keys it.
@@ -177,7 +179,9 @@ def summarize_run(dag_id: str, run: Mapping[str, Any], tasks: Iterable[TaskRow],
     def shard_name(index: int) -> str:
         name = names.get(index)
         if name is None and isinstance(plan, list) and 0 <= index < len(plan):
-            name = (plan[index] or {}).get("shard_id")
+            entry = plan[index] or {}
+            name = (HELD_OUT_NAME if entry.get("split") == Split.HELD_OUT
+                    else entry.get("shard_id"))
         return name or f"#{index}"
 
     shards: dict[str, list[dict[str, Any]]] = {}

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from include.layout import regeneration_prefix
+from include.layout import Split, eval_location, regeneration_prefix
 from include.pipeline.refusal import refuse
 from include.settings import RunSettings, SettingsError
 from include.storage import Store, StoreError, normalize_location, open_store
@@ -92,3 +92,30 @@ def fail_without_retry(*errors: type[BaseException]) -> Iterator[None]:
         yield
     except (SettingsError, *errors) as exc:
         refuse(str(exc))
+
+
+def shard_locations(settings: RunSettings, outputs: str, split: Any) -> tuple[str, str]:
+    """Return the (outputs, prompts) locations of a plan entry's shard.
+
+    A training shard's are the run's outputs location and the run's own; the held-out split's
+    are their ``eval/`` folders (``include.layout.EVAL_PREFIX``). ``split`` comes from XCom:
+    any other value is refused (XComMismatchError), it only ever picks one of the two.
+    """
+    from include.servers.launch_report import XComMismatchError
+
+    if split not in (Split.TRAIN, Split.HELD_OUT):
+        raise XComMismatchError(
+            f"split {str(split)[:40]!r} in XCom is none of {[s.value for s in Split]}: XCom "
+            "was edited; clear prepare_prompts and its downstream tasks to plan again")
+    if split == Split.HELD_OUT:
+        return eval_location(outputs), eval_location(settings.run_uri)
+    return outputs, settings.run_uri
+
+
+def shard_stores(settings: RunSettings, outputs: str, split: Any) -> tuple[Store, Store]:
+    """Return the (outputs, prompts) stores of a plan entry's shard (``shard_locations``)."""
+    outputs, prompts = shard_locations(settings, outputs, split)
+    outputs_store = open_run_store(settings, outputs)
+    # One store for one location: each opening logs its location and its credentials' source.
+    same = outputs.rstrip("/") == prompts.rstrip("/")
+    return outputs_store, (outputs_store if same else open_run_store(settings, prompts))

@@ -147,7 +147,7 @@ def _say_if_nothing_to_do(settings: RunSettings) -> None:
     import json
 
     from include.layout import MANIFEST_KEY
-    from include.pipeline.prepare_prompts import nothing_to_do
+    from include.pipeline.prepare_prompts import held_out_pending, nothing_to_do
     from include.prompts.plan import select_shards
     from include.storage import open_store
 
@@ -157,8 +157,10 @@ def _say_if_nothing_to_do(settings: RunSettings) -> None:
                        s3_conn_id=settings.deployment.s3_conn_id)
     if not store.exists(MANIFEST_KEY):
         return
-    idle = nothing_to_do(settings, select_shards(settings, json.loads(store.read(MANIFEST_KEY)),
-                                                 store))
+    manifest = json.loads(store.read(MANIFEST_KEY))
+    if held_out_pending(settings, manifest, store):
+        return  # the target still answers the held-out split
+    idle = nothing_to_do(settings, select_shards(settings, manifest, store))
     if idle:
         log.warning("%s", idle)
 

@@ -14,18 +14,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.dag_names import PLAN_TASK
+from include.layout import Split
 from include.pipeline.airflow_state import airflow_run_is_live, airflow_slot_free
-from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.pipeline.binding import bind, fail_without_retry, shard_stores, trusted_outputs_uri
 
 
 def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
         wait_for: dict[str, Any] | None, params: Mapping[str, Any] | None, *, dag_id: str,
-        run_id: str | None, ti: Any, slots: int) -> dict[str, Any]:
+        run_id: str | None, ti: Any, slots: int, split: str = Split.TRAIN) -> dict[str, Any]:
     """The generate task: generate the shard (resuming its journal); return its summary.
 
     ``slots`` is how many shards generate at once; ``ti`` (Airflow's task instance) gives the
     shard's map index for the slot check. Without ``ti`` or ``run_id`` the shard waits for
-    no slot.
+    no slot. ``split`` (the plan's) says whether the shard is the held-out split's.
     """
     from include.durability.journal_settings import JournalSettingsError
     from include.generation import shard
@@ -35,6 +36,7 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
     with fail_without_retry(XComMismatchError):
         outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
         urls = trusted_urls(servers, settings)
+        outputs_store, prompts_store = shard_stores(settings, outputs, split)
 
     @functools.cache  # the whole plan, read once per task: at most one log line a minute
     def plan_names() -> list[str]:  # the slots' holders by name, in the shard's log
@@ -44,10 +46,6 @@ def run(shard_id: str, servers: list[dict[str, Any]], outputs_uri: str,
                  if ti and run_id else None)
     # A journal under other completion settings (a run triggered before check_settings
     # looked, or one that raced it) fails for good: a retry would be refused the same way.
-    outputs_store = open_run_store(settings, outputs)
-    # One store for one location: each opening logs its location and its credentials' source.
-    prompts_store = (outputs_store if outputs.rstrip("/") == settings.run_uri.rstrip("/")
-                     else open_run_store(settings))
     with fail_without_retry(JournalSettingsError):
         return shard.generate_shard(settings, shard_id, urls, outputs_store,
                                     prompts_store, wait_for, run_id=run_id,

@@ -11,7 +11,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from include.layout import shard_index
+from include.layout import (
+    EVAL_PREFIX,
+    EVAL_PROMPTS_KEY,
+    EVAL_SHARD,
+    Split,
+    eval_location,
+    shard_index,
+    tokenized_keys,
+)
 from include.pipeline.airflow_state import max_map_length
 from include.pipeline.binding import (
     bind,
@@ -70,6 +78,20 @@ def stagger(shard_ids: list[str], shards_in_flight: int) -> list[dict[str, Any] 
 NOTHING_TO_DO_KEY = "nothing_to_do"
 
 
+def held_out_pending(settings: RunSettings, manifest: Mapping[str, Any], outputs: Any) -> bool:
+    """Return whether the run's held-out split is still to be answered by the target.
+
+    Only a whole run answers it (no ``shard_range``: a backfill generates its range and no
+    more); a run without a split (``held_out_per_source`` 0, or prepared before splits were
+    answered) has none to answer. Answered means tokenized, as for a shard: its tokenized
+    manifest in the outputs' ``eval/``.
+    """
+    held = manifest.get("held_out") or {}
+    if settings.shard_range or not held.get("count") or held.get("key") != EVAL_PROMPTS_KEY:
+        return False
+    return not outputs.exists(f"{EVAL_PREFIX}/{tokenized_keys(shard_index(EVAL_SHARD))[2]}")
+
+
 def nothing_to_do(settings: RunSettings, plan: Mapping[str, Any]) -> str | None:
     """Return the sentence saying this run has no shard to generate, or None when it has.
 
@@ -95,25 +117,38 @@ def plan_run(settings: RunSettings, run_id: str, shards_in_flight: int = 1,
              say: Any = None) -> list[dict[str, Any]]:
     """Prepare or reuse the prompt shards; return what the per-shard task group maps over.
 
-    One ``{"shard_id", "outputs_uri", "wait_for"}`` per shard to run (``wait_for``: see
-    ``stagger``). With no shard to run, the reason is logged and passed to ``say``.
+    One ``{"shard_id", "outputs_uri", "wait_for", "split"}`` per shard to run (``wait_for``:
+    see ``stagger``), and last, while the target has not answered it, the held-out split
+    (``split`` ``held_out``: the shard ``EVAL_SHARD`` of the run's ``eval/`` folder). With
+    nothing to run, the reason is logged and passed to ``say``.
     """
     run_store = open_run_store(settings)
     manifest = prepare_or_reuse(settings, run_store)
     outputs = outputs_uri(settings, run_id)
-    plan = select_shards(settings, manifest, open_outputs_store(settings, run_id, run_store))
+    outputs_store = open_outputs_store(settings, run_id, run_store)
+    plan = select_shards(settings, manifest, outputs_store)
     check_map_length(settings, plan["shards"], plan["total_shards"])
     log.info("outputs of this run go to %s", outputs)
-    idle = nothing_to_do(settings, plan)
+    held_out = held_out_pending(settings, manifest, outputs_store)
+    if held_out and len(plan["shards"]) >= max_map_length():
+        log.warning("the held-out split is left unanswered: this run maps %d shards, Airflow's "
+                    "limit; a run of the rest answers it", len(plan["shards"]))
+        held_out = False
+    idle = None if held_out else nothing_to_do(settings, plan)
     if idle:
         log.warning("%s", idle)
         if say is not None:
             say(idle)
     waits = stagger(plan["shards"], shards_in_flight)
-    return [
-        {"shard_id": sid, "outputs_uri": outputs, "wait_for": wait}
-        for sid, wait in zip(plan["shards"], waits, strict=True)
-    ]
+    entries = [{"shard_id": sid, "outputs_uri": outputs, "wait_for": wait,
+                "split": Split.TRAIN.value}
+               for sid, wait in zip(plan["shards"], waits, strict=True)]
+    if held_out:
+        log.info("the held-out split (%s) is answered too, in %s", run_store.uri(
+            EVAL_PROMPTS_KEY), eval_location(outputs))
+        entries.append({"shard_id": EVAL_SHARD, "outputs_uri": outputs, "wait_for": None,
+                        "split": Split.HELD_OUT.value})
+    return entries
 
 
 def run(params: Mapping[str, Any] | None, run_id: str | None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.layout import MANIFEST_KEY, shard_id
+from include.layout import MANIFEST_KEY, Split, shard_id
 from include.pipeline.binding import bind, fail_without_retry, open_outputs_store, open_run_store
 from include.reporting.asset import (
     DATASET_ALIAS,
@@ -83,7 +83,8 @@ def run(plan: list[dict[str, Any]], launched: dict[str, Any] | None,
     if launched:  # read back through the settings: the report shows no edited XCom fact
         with fail_without_retry(XComMismatchError):
             launched = LaunchReport.from_dict(launched, settings).to_dict()
-    summary = report_run(settings, [p["shard_id"] for p in plan], run_id or "manual", launched)
+    produced = [p["shard_id"] for p in plan if p.get("split", Split.TRAIN) == Split.TRAIN]
+    summary = report_run(settings, produced, run_id or "manual", launched)
     # The same files give the same verdict: retrying cannot help.
     with fail_without_retry(QualityGateError):
         raise_for_gates(summary)

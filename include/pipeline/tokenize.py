@@ -5,11 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.layout import Split
+from include.pipeline.binding import (
+    bind,
+    fail_without_retry,
+    open_run_store,
+    shard_locations,
+    trusted_outputs_uri,
+)
 
 
 def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None,
-        run_id: str | None = None) -> str:
+        run_id: str | None = None, split: str = Split.TRAIN) -> str:
     """The tokenize task: tokenize the shard, token by token against the server's ids;
     return the shard id. The outputs are where the run's settings and ``run_id`` put them:
     ``outputs_uri`` (XCom) is only compared."""
@@ -19,5 +26,6 @@ def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None,
     settings = bind(params)
     with fail_without_retry(XComMismatchError):
         outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
+        outputs, _ = shard_locations(settings, outputs, split)
     tokenize_run_shard(settings, shard_id, open_run_store(settings, outputs))
     return shard_id

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pipeline.binding import bind, fail_without_retry, open_run_store, trusted_outputs_uri
+from include.layout import Split
+from include.pipeline.binding import bind, fail_without_retry, shard_stores, trusted_outputs_uri
 
 
 def run(shard_id: str, generated: dict[str, Any], outputs_uri: str,
-        params: Mapping[str, Any] | None, run_id: str | None = None) -> str:
+        params: Mapping[str, Any] | None, run_id: str | None = None,
+        split: str = Split.TRAIN) -> str:
     """The upload task: build the shard's file from its journal and publish it; return the
     shard id (the generate summary's lease token fences a taken-over try). The outputs are
     where the run's settings and ``run_id`` put them: ``outputs_uri`` (XCom) is only compared.
@@ -20,6 +22,6 @@ def run(shard_id: str, generated: dict[str, Any], outputs_uri: str,
     settings = bind(params)
     with fail_without_retry(XComMismatchError):
         outputs = trusted_outputs_uri(settings, run_id, outputs_uri)
-    publish_shard(shard_id, open_run_store(settings, outputs), open_run_store(settings),
-                  generated)
+        outputs_store, prompts_store = shard_stores(settings, outputs, split)
+    publish_shard(shard_id, outputs_store, prompts_store, generated)
     return shard_id

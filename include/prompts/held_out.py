@@ -3,7 +3,8 @@
 A drafter validated on off-policy text misleads (speculators #677); one trained with thinking
 on collapses with it off (z-lab/dflash #60). So every run keeps, per source and per sampling
 variant, ``held_out_per_source`` of its deduplicated prompts out of the shards, chosen by a
-seeded draw, and writes them to ``eval/prompts.jsonl`` (the shards' record schema) with
+seeded draw, and writes them to ``include.layout.EVAL_PROMPTS_KEY`` (a shard of the run
+nested in ``eval/``, the shards' record schema: the shard tasks answer it there) with
 ``eval/manifest.json``. They are chosen after dedupe and before quotas: no training prompt
 equals one, and a quota samples from the rest. The split is written once, with the shards,
 create-only: a resume, a retry or a backfill reuses it (``plan.prepare_or_reuse``), so no
@@ -86,7 +87,7 @@ def _order(seed: int, source: str, n: int) -> np.ndarray:
 
 def write_held_out(store: Store, settings: RunSettings,
                    held: list[tuple[str, list[bytes]]]) -> dict[str, Any]:
-    """Write ``eval/prompts.jsonl`` and ``eval/manifest.json`` (create-only); return the
+    """Write the split's prompts and ``eval/manifest.json`` (create-only); return the
     manifest's summary for the prompt manifest. ``held``: (source, lines) in settings order."""
     data = b"".join(line for _, lines in held for line in lines)
     per_source = {name: len(lines) for name, lines in held}

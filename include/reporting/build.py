@@ -19,13 +19,19 @@ from collections import defaultdict
 from typing import Any
 
 from include.layout import (
+    EVAL_PREFIX,
+    EVAL_SHARD,
     MANIFEST_KEY,
     REPORT_HTML,
     REPORT_JSON,
     REPORT_MARKDOWN,
     card_key,
+    generated_keys,
+    pretokenized_key,
     report_card_key,
     report_prefix,
+    shard_index,
+    tokenized_keys,
 )
 from include.reporting.card import render_card
 from include.reporting.collect import ShardFacts, collect_shard, read_json
@@ -285,6 +291,21 @@ def write_cards(outputs_store: Store, report: dict[str, Any], manifest: dict[str
             "root_uri": outputs_store.uri(card_key()), "root": root}
 
 
+def held_out_answers(outputs_store: Store) -> dict[str, Any] | None:
+    """Return what the target answered of the held-out split (its ``eval/`` shard), or None
+    while it is not tokenized: prompts, completions, rows and where they are."""
+    index = shard_index(EVAL_SHARD)
+    parquet, _, manifest_key = (f"{EVAL_PREFIX}/{k}" for k in tokenized_keys(index))
+    tokenized = read_json(outputs_store, manifest_key)
+    if tokenized is None:
+        return None
+    generated = read_json(outputs_store, f"{EVAL_PREFIX}/{generated_keys(index)[1]}") or {}
+    return {"prompts": generated.get("prompts", 0),
+            "completed": (generated.get("counts") or {}).get("completed", 0),
+            "rows": tokenized["counts"]["written"], "parquet": parquet,
+            "pretokenized": f"{EVAL_PREFIX}/{pretokenized_key(index)}"}
+
+
 def build_report(
     settings: Any,
     run_store: Store,
@@ -327,6 +348,7 @@ def build_report(
     report = compute_report(settings, manifest, shards, run_id=run_id, outputs_uri=outputs_uri,
                             gates=gates, launch=launch, generate_results=generate_results,
                             settings_fingerprint=settings_fingerprint)
+    report["held_out_answers"] = held_out_answers(outputs_store)
     publish = report["passed"] and dataset_complete(manifest, shards)
     report["trainer_export"] = write_run_export(
         outputs_store, [s.shard_id for s in shards if s.tokenized], publish=publish)

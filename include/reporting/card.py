@@ -224,16 +224,22 @@ def _funnel_lines(report: dict[str, Any]) -> list[str]:
         f"{tt['truncated_to_max_length']:,} truncated to the maximum length.", ""]
 
 
-def _held_out_line(prompts_manifest: Mapping[str, Any]) -> str:
+def _held_out_line(prompts_manifest: Mapping[str, Any],
+                   answers: Mapping[str, Any] | None) -> str:
     held = prompts_manifest.get("held_out") or {}
     if not held.get("count"):
         return ("- Held-out split: none (`held_out_per_source` 0, or sources too small); "
                 "a drafter trained on this run cannot be measured on its own data")
     per = ", ".join(f"{s} {n:,}" for s, n in held.get("per_source", {}).items())
+    answered = (f"the target's answers, {answers['rows']:,} rows of {answers['prompts']:,} "
+                f"prompts, as the training rows are made: `{answers['parquet']}`, and for a "
+                f"trainer's validation set `{answers['pretokenized']}`" if answers else
+                "the target's answers: not generated yet (a whole run without `shard_range` "
+                "answers them)")
     return (f"- Held-out split: {held['count']:,} prompts ({per}) in `{held['key']}`, in no "
-            "training export: measure drafters on them (the `evaluate_drafter` DAG); each "
-            "evaluation's report and \"measured value\" section land in "
-            "`eval/evaluations/<airflow run id>/` (`report.md`, `card-section.md`)")
+            f"training export; {answered}. Measure drafters on them with the "
+            "`evaluate_drafter` DAG; each evaluation's report and \"measured value\" section "
+            "land in `eval/evaluations/<airflow run id>/` (`report.md`, `card-section.md`)")
 
 
 def _text_rule_lines(prompts_manifest: Mapping[str, Any]) -> list[str]:
@@ -335,7 +341,7 @@ def render_card(
         f"`{prompts_manifest.get('preparation_fingerprint') or NOT_REPORTED}`",
         f"- Settings fingerprint: `{fingerprint or FINGERPRINT_PLACEHOLDER}`",
         f"- Quality gates: {'passed' if report['passed'] else 'FAILED'}",
-        _held_out_line(prompts_manifest), "",
+        _held_out_line(prompts_manifest, report.get("held_out_answers")), "",
         *_model_lines(report, settings, servers),
         *_sampling_lines(settings),
         *_source_lines(used),

@@ -98,8 +98,8 @@ def test_shard_tasks_are_named_from_the_arguments_they_are_called_with(dagbag) -
     dag = dagbag.dags[DAG_ID]
     for task_id in SHARD_TASKS:
         task = dag.task_dict[task_id]
-        assert task.map_index_template == "{{ task.op_kwargs['shard_id'] }}"
-        assert "shard_id" in task.op_kwargs and not task.op_args, task_id
+        assert "task.op_kwargs['shard_id']" in task.map_index_template
+        assert {"shard_id", "split"} <= set(task.op_kwargs) and not task.op_args, task_id
 
 
 

@@ -69,7 +69,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     calls: list[list[str]] = []
     monkeypatch.setattr(shard, "generate_shard",
                         lambda settings, shard_id, urls, *a, **k: calls.append(urls) or {})
-    monkeypatch.setattr(generate, "open_run_store", lambda settings, uri=None: None)
+    monkeypatch.setattr(generate, "shard_stores", lambda settings, outputs, split: (None, None))
     return calls
 
 

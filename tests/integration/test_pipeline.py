@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from include.layout import EVAL_PROMPTS_KEY
 from sglang_standin.process import shell_launch_command
 from tests.fixtures.ports import free_port_block
 from tests.fixtures.s3 import Bucket, moto_endpoint, s3_bucket  # noqa: F401
@@ -198,24 +199,34 @@ def test_full_run_over_ssh_into_s3_leaves_the_original_data_untouched(
 
 def _no_export_holds_a_held_out_prompt(run: dict[str, bytes], prompts: dict) -> None:
     """The run kept a held-out split (the default), and no training export holds one of its
-    prompts: not a shard, a completion, a parquet row, a trainer export or a conversation."""
+    prompts: not a shard, a completion, a parquet row, a trainer export or a conversation.
+    The target answered it too, into eval/ only, as rows made as the training rows are."""
     import io
 
     import pyarrow.parquet as pq
 
-    held = [json.loads(line) for line in run["runs/expansion_v1/eval/prompts.jsonl"].splitlines()]
+    held = [json.loads(line) for line in run[f"runs/expansion_v1/{EVAL_PROMPTS_KEY}"].splitlines()]
     assert len(held) == prompts["held_out"]["count"] >= 5
     held_ids = {r["id"] for r in held}
     exported: set[str] = set()
     for key, data in run.items():
         rel = key.removeprefix("runs/expansion_v1/")
+        if rel.startswith("eval/"):
+            continue
         if rel.endswith(".parquet"):
             exported |= set(pq.read_table(io.BytesIO(data)).column("id").to_pylist())
-        elif rel.endswith(".jsonl") and not rel.startswith(("eval/", "journal/")):
+        elif rel.endswith(".jsonl") and not rel.startswith("journal/"):
             exported |= {json.loads(line).get("id") for line in data.splitlines() if line}
     assert exported and not held_ids & exported
+    answers = pq.read_table(io.BytesIO(run["runs/expansion_v1/eval/tokenized/shard-00000.parquet"]))
+    answered = answers.column("id").to_pylist()
+    assert answered and set(answered) <= held_ids  # the split's own prompts, answered
+    exported_rows = [json.loads(line) for line in
+                     run["runs/expansion_v1/eval/pretokenized/shard-00000.jsonl"].splitlines()]
+    assert [r["input_ids"] for r in exported_rows] == answers.column("input_ids").to_pylist()
     card = run["runs/expansion_v1/README.md"].decode()
     assert f"Held-out split: {len(held)} prompts" in card
+    assert f"the target's answers, {len(answered)} rows of {len(held)} prompts" in card
 
 
 def _the_card_loads_the_dataset(run: dict[str, bytes], prompts: dict) -> None:

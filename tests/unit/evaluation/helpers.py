@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from include.layout import EVAL_PROMPTS_KEY
+
 
 def write_split(run: Path, prompts: list[dict[str, Any]], seed: int = 7,
                 manifest: dict[str, Any] | None = None) -> None:
-    (run / "eval").mkdir(parents=True, exist_ok=True)
-    (run / "eval" / "prompts.jsonl").write_text(
-        "".join(json.dumps(p) + "\n" for p in prompts))
+    (run / EVAL_PROMPTS_KEY).parent.mkdir(parents=True, exist_ok=True)
+    (run / EVAL_PROMPTS_KEY).write_text("".join(json.dumps(p) + "\n" for p in prompts))
     per_source: dict[str, int] = {}
     for p in prompts:
         per_source[p["source"]] = per_source.get(p["source"], 0) + 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from include.layout import MANIFEST_KEY, shard_id
-from include.pipeline.binding import outputs_uri, trusted_outputs_uri
+from include.layout import EVAL_PROMPTS_KEY, EVAL_SHARD, MANIFEST_KEY, shard_id
+from include.pipeline.binding import outputs_uri, shard_locations, trusted_outputs_uri
 from include.pipeline.prepare_prompts import check_map_length, plan_run, stagger
 from include.servers.launch_report import XComMismatchError
 from include.settings import RunSettings, SettingsError
@@ -121,3 +121,30 @@ def test_the_run_location_is_opened_and_logged_once(settings, caplog) -> None:
     caplog.clear()
     plan_run(_changed(settings, force_regenerate=True), "manual__2")  # two locations: two lines
     assert len([r for r in caplog.records if r.getMessage().startswith("output location ")]) == 2
+
+
+def test_a_whole_run_answers_its_held_out_split_last_and_once(settings, caplog) -> None:
+    """Issue 36, item 1: the held-out split is planned after the shards, as the shard of the
+    run's eval/ folder, until its rows are tokenized; a shard_range backfill leaves it."""
+    held = _changed(settings, held_out_per_source=2)
+    plan = plan_run(held, "run-1")
+    *shards, last = plan
+    assert last == {"shard_id": EVAL_SHARD, "outputs_uri": held.run_uri, "wait_for": None,
+                    "split": "held_out"}
+    assert shards and all(p["split"] == "train" for p in shards)
+    assert LocalStore(held.run_uri).exists(EVAL_PROMPTS_KEY)
+    assert shard_locations(held, held.run_uri, "held_out") == (
+        f"{held.run_uri}/eval", f"{held.run_uri}/eval")
+    assert all(p["split"] == "train" for p in plan_run(_changed(held, shard_range="0-1"), "r2"))
+    store = LocalStore(held.run_uri)
+    for entry in shards:
+        store.write_new(f"tokenized/{entry['shard_id']}.manifest.json", b"{}")
+    told: list[str] = []
+    assert plan_run(held, "run-3", say=told.append) == [last] and told == []  # not idle yet
+    store.write_new(f"eval/tokenized/{EVAL_SHARD}.manifest.json", b"{}")
+    assert plan_run(held, "run-4", say=told.append) == [] and told  # now nothing to do
+
+
+def test_a_split_edited_in_xcom_is_refused(settings) -> None:
+    with pytest.raises(XComMismatchError, match="split 'eval/../../x'"):
+        shard_locations(settings, settings.run_uri, "eval/../../x")
