@@ -197,6 +197,11 @@ def _summary(mirror: Path, returncode: int, untouched: bool, work: Path) -> None
         c = g["counts"]
         print(f"  {g['shard_id']}: {c['completed']} completed ({g['truncated']} cut by "
               f"max_tokens), {c['skipped']} skipped, {c['failed']} failed -> {tokens}")
+    held = mirror / "eval" / "tokenized" / "shard-00000.manifest.json"
+    if held.exists():
+        rows = json.loads(held.read_text())["counts"]["written"]
+        print(f"  held-out split: {rows} rows, the target's answers to the prompts no training "
+              "export holds (eval/tokenized, eval/pretokenized)")
     _conversation_summary(mirror)
     _token_summary(mirror, _sampled(work))
     for report in sorted((mirror / "report").glob("*/report.html")):

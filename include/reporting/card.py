@@ -231,8 +231,8 @@ def _held_out_line(prompts_manifest: Mapping[str, Any],
         return ("- Held-out split: none (`held_out_per_source` 0, or sources too small); "
                 "a drafter trained on this run cannot be measured on its own data")
     per = ", ".join(f"{s} {n:,}" for s, n in held.get("per_source", {}).items())
-    answered = (f"the target's answers, {answers['rows']:,} rows of {answers['prompts']:,} "
-                f"prompts, as the training rows are made: `{answers['parquet']}`, and for a "
+    answered = (f"the target's answers, {answers['rows']:,} rows from {answers['prompts']:,} "
+                f"prompts, made as the training rows are: `{answers['parquet']}`, and for a "
                 f"trainer's validation set `{answers['pretokenized']}`" if answers else
                 "the target's answers: not generated yet (a whole run without `shard_range` "
                 "answers them)")

@@ -226,7 +226,7 @@ def _no_export_holds_a_held_out_prompt(run: dict[str, bytes], prompts: dict) -> 
     assert [r["input_ids"] for r in exported_rows] == answers.column("input_ids").to_pylist()
     card = run["runs/expansion_v1/README.md"].decode()
     assert f"Held-out split: {len(held)} prompts" in card
-    assert f"the target's answers, {len(answered)} rows of {len(held)} prompts" in card
+    assert f"the target's answers, {len(answered)} rows from {len(held)} prompts" in card
 
 
 def _the_card_loads_the_dataset(run: dict[str, bytes], prompts: dict) -> None:
