@@ -26,7 +26,10 @@ from scripts.sglang_env import served_ids
 from tests.integration.conftest import airflow_env, dags_test, failure_excerpt  # noqa: F401
 from tests.real_sglang.conftest import TIER_OWNER, RealDeployment, server_pids, wait_ready
 
-pytestmark = pytest.mark.real_sglang
+# A DAG run on two real CPU servers takes 1.5-3 min beside CI's other process; under a busier
+# machine one passed pytest-timeout's 300 s default, and its airflow process, still running,
+# kept the tier's servers leased for the next test.
+pytestmark = [pytest.mark.real_sglang, pytest.mark.timeout(900)]
 THINK_CLOSE = 151668
 CATALOGUE = ("infinity_instruct", "webinstructsub", "codefeedback", "metamathqa", "hermes_fc",
              "hermes_fc_singleturn", "hermes_glaive", "agentinstruct")
@@ -37,9 +40,11 @@ def _conf(real: RealDeployment, run_name: str, **run: Any) -> dict[str, Any]:
         **real.run, "run_name": run_name, "shard_size": 12, "seed": 7,
         "max_tokens": real.run["context_length"],  # the 8192/8192 of the real incident, small
         "min_completion_tokens": 64, "progress_interval_s": 5, "health_interval_s": 1,
-        # The tiny model leaves ~1 think block in 8 open by design (scripts/tiny_qwen3.py):
-        # the quality filters quarantine those (unclosed_think), above the 1% default gate.
-        "max_filtered_rate": 0.3,
+        # The tiny model leaves ~1 think block in 8 open by design (scripts/tiny_qwen3.py), more
+        # over a conversation's turns (6 of 16 rows once): the filter would quarantine those
+        # and a gate fail the run by chance. Kept, they are rows checked against the wire too;
+        # that the rules read an open block as the server does is test_contract's.
+        "quality_filters_off": ["unclosed_think"],
         **run,
     }
 
