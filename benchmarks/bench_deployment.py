@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.deploy import DAG_ID, GPUS, ROOT, STANDIN_ARGS, WORKERS, Tier, remove_database
+from include.dag_names import DAG_ID
+from scripts.deploy import GPUS, ROOT, STANDIN_ARGS, WORKERS, Tier, remove_database
 from scripts.deploy_api import AirflowApi, unix_time
 from scripts.deploy_services import free_port_block
 from tests.deployment.runs import GENERATE, object_lines, shard_plan, task_log

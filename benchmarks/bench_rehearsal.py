@@ -53,8 +53,9 @@ from benchmarks.bench_deployment import (
     s3_client,
 )
 from benchmarks.common import TreeMemory
+from include.dag_names import DAG_ID
 from scripts import deploy
-from scripts.deploy import DAG_ID, ROOT, STANDIN_ARGS, WORKERS, Tier, remove_database
+from scripts.deploy import ROOT, STANDIN_ARGS, WORKERS, Tier, remove_database
 from scripts.deploy_api import AirflowApi, unix_time
 from scripts.deploy_services import free_port_block
 from synthetic_sources.rehearsal import rehearsal_sources

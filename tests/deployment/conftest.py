@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from scripts.deploy import DAG_ID, Tier, remove_database
+from include.dag_names import DAG_ID
+from scripts.deploy import Tier, remove_database
 from scripts.deploy_api import AirflowApi
 from scripts.deploy_services import free_port_block
 

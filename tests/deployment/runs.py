@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from scripts.deploy import BUCKET, DAG_ID, Tier
+from include.dag_names import DAG_ID, GENERATE_TASK
+from scripts.deploy import BUCKET, Tier
 from scripts.deploy_api import AirflowApi
 
-GENERATE = "shard.generate"
+GENERATE = GENERATE_TASK
 
 
 def object_lines(s3: Any, prefix: str, suffix: str) -> list[dict[str, Any]]:
