@@ -155,11 +155,8 @@ JOURNAL_SETTINGS_SUFFIX = ".settings.json"
 
 
 def journal_settings_key(shard: str) -> str:
-    """Return the key of the settings record a shard's journal is written under.
-
-    Beside the journal folder (``journal/<shard>.settings.json``), not in it: one delimiter
-    listing of ``journal/`` finds every shard's record without touching a segment.
-    """
+    """Return ``journal/<shard>.settings.json``: beside the journal folder, so one delimiter
+    listing of ``journal/`` finds every shard's record without touching a segment."""
     return f"{journal_prefix(shard)}{JOURNAL_SETTINGS_SUFFIX}"
 
 
@@ -186,12 +183,8 @@ def shard_keys(shard: str) -> ShardKeys:
 
 
 def compacted_keys(prefix: str) -> tuple[str, str]:
-    """Return the keys of a published shard's journal as one object and of its index.
-
-    Beside the journal folder (``journal/<shard>.compacted.jsonl`` / ``.json``), not in it:
-    whoever reads every key under ``journal/<shard>/`` as segments keeps working. The index
-    (the parts the object holds) is written second, so its presence vouches for the object.
-    """
+    """Return a published journal's object and index keys, beside its folder (so a reader of
+    every key under it still reads segments); the index is written second, vouching for both."""
     base = prefix.rstrip("/")
     return f"{base}.compacted.jsonl", f"{base}.compacted.json"
 
@@ -223,11 +216,7 @@ def beat_key(prefix: str, generation: int, n: int) -> str:
 
 
 def report_prefix(run_id: str) -> str:
-    """Return the store prefix of one Airflow run's report (``report/<safe run id>/``).
-
-    One folder per Airflow run: a later backfill of the same run writes its own report
-    instead of colliding with the first one's create-only files.
-    """
+    """Return ``report/<safe run id>/``: a later backfill of the run writes its own report."""
     return f"{REPORT_PREFIX}/{run_folder(run_id)}/"
 
 

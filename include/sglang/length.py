@@ -52,9 +52,7 @@ class BudgetRule:
 
     @classmethod
     def of(cls, settings: Any) -> BudgetRule:
-        """Return the rule of a run's settings (``RunSettings`` or the engine's config: both
-        name them ``context_length``, ``max_tokens``, ``context_margin``,
-        ``min_completion_tokens``)."""
+        """Return the rule of ``RunSettings`` or the engine's config (the same four names)."""
         return cls(settings.context_length, settings.max_tokens, settings.context_margin,
                    settings.min_completion_tokens)
 

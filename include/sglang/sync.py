@@ -67,9 +67,6 @@ def models(url: str, api_key: str | None = None, timeout: float = 5.0) -> Answer
 
 
 def health(url: str, timeout: float) -> Answer:
-    """GET ``/health`` without following redirects; ``timeout`` is never below the floor.
-
-    For the monitor page, which probes servers named in run files and so must not be led
-    elsewhere: pass its ``health_probe_timeout_s`` (SGLang's ``/health`` sleeps 1 s).
-    """
+    """GET ``/health``, ``timeout`` never below the floor, following no redirect (the monitor
+    probes servers named in run files: it must not be led elsewhere)."""
     return get(url, HEALTH, timeout=health_probe_timeout_s(timeout), follow_redirects=False)

@@ -32,11 +32,8 @@ class PublishResult:
 
 
 def encode_manifest(manifest: Mapping[str, Any]) -> bytes:
-    """Return the manifest's canonical bytes (sorted keys, indent 2, trailing newline).
-
-    Canonical so that a retry rebuilding the same manifest writes identical bytes: a manifest
-    must therefore not contain wall-clock times or other per-attempt values.
-    """
+    """Return the manifest's canonical bytes, so a retry writes identical ones: a manifest
+    holds no wall-clock time or other per-attempt value."""
     return (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
@@ -91,14 +88,8 @@ def publish_generated_shard(
     store: Store, shard_index: int, jsonl: bytes, manifest: Mapping[str, Any],
     facts: bytes | None = None,
 ) -> PublishResult:
-    """Publish ``generated/shard-NNNNN.jsonl``, its report facts and its manifest.
-
-    ``manifest`` is the generation stage's dict (counts, skipped/failed ids, servers); the
-    stored one also gets top-level ``sha256``/``bytes`` of the .jsonl (docs/data-layout.md)
-    and a ``files`` entry per file. ``facts`` (``include.reporting.facts``) is what the
-    report reads of the shard instead of its records. All must be deterministic (see
-    ``encode_manifest``).
-    """
+    """Publish ``generated/shard-NNNNN.jsonl``, its report facts (``include.reporting.facts``)
+    and its manifest, with the .jsonl's ``sha256``/``bytes`` (docs/data-layout.md)."""
     data_key, manifest_key = generated_keys(shard_index)
     full = {**manifest, "sha256": sha256_hex(jsonl), "bytes": len(jsonl)}
     files = {data_key: jsonl, **({facts_key(shard_index): facts} if facts is not None else {})}

@@ -12,11 +12,8 @@ from include.storage.locations import parse_location
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """Return ``(bucket, key_prefix)`` of ``s3://bucket/a/b``, normalised as every location is.
-
-    The prefix has no edge slashes (see ``include.storage.locations``); StoreError for a URI
-    that is not an s3:// location or not a valid one.
-    """
+    """Return ``(bucket, key_prefix)`` of ``s3://bucket/a/b``, normalised as every location is
+    (``include.storage.locations``); StoreError for anything else."""
     loc = parse_location(uri)
     if loc.scheme != "s3":
         raise StoreError(f"{uri!r} is not an s3:// location")

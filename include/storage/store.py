@@ -204,9 +204,8 @@ def open_store(
 def open_readable(location: str, *, s3_conn_id: str = "aws_default") -> tuple[Store, str]:
     """Return a read-only store holding ``location`` and the name ``location`` has in it.
 
-    ``store.list(name)`` lists the file at ``location`` or every file under it (on S3: the
-    key itself or the folder). Reading is never checked against protected prefixes: reading
-    protected data (earlier completions, to deduplicate against) is legitimate.
+    Not checked against protected prefixes: reading earlier completions (to deduplicate
+    against) is legitimate.
     """
     loc = parse_location(location)
     if not loc.segments:
