@@ -20,14 +20,18 @@ check_settings
 ```
 * **check_settings** refuses, before any server starts, every mistake known in advance: a
   drafter the deployment does not list (`REGEN_ALLOWED_DRAFTERS`), one whose `config.json`
-  does not fit the target, a dataset run without a held-out split, too few servers for the
-  configurations. An empty `dataset_run` means the dataset asset's latest run.
+  does not fit the target, a dataset run without a held-out split, a named prompt set the
+  deployment does not list (`REGEN_ALLOWED_PROMPT_SETS`) or whose file is outside the data
+  roots, missing or malformed, too few servers for the configurations. An empty
+  `dataset_run` means the dataset asset's latest run.
 * **launch_servers** starts (or reuses, only when model, context length *and* speculative
   settings match) each configuration's servers through the main DAG's launcher; the draft
   path comes from the deployment, never from the form. **wait_for_server** is the main DAG's
   gate.
 * **measure** checks each server's `/server_info` runs its pass's speculation, then sends the
-  split under every temperature and thinking mode, journaling each request under
+  split and the named prompt sets (`prompt_sets`: MT-Bench, GSM8K, HumanEval files the
+  deployment lists; reported as sources of their own, never pooled with the run's data)
+  under every temperature and thinking mode, journaling each request under
   `<dataset run>/eval/evaluations/<run id>/journal/<config>/`: a retry sends only the rest.
 * **report** writes `report.md`, `acceptance.png`, `report.json` and the dataset card's
   "measured value" section (`card-section.md`) create-only beside them, and updates the

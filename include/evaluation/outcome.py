@@ -53,6 +53,7 @@ def build(store: Store, records: dict[str, dict[str, Any]], request: EvaluationR
         "card_section_uri": store.uri(prefix + keys.CARD_SECTION),
         "baseline": request.baseline, "candidates": request.candidate_names,
         "requests": {"completed": len(done), "journaled": len(records)},
+        "prompt_sets": _set_prompts(done),
         "min_gain": request.min_gain, "gains": gains,
         "figures": [f.to_dict() for f in figures], "differences": [d.to_dict() for d in diffs],
         "speedups": [s.to_dict() for s in speeds],
@@ -65,6 +66,15 @@ def build(store: Store, records: dict[str, dict[str, Any]], request: EvaluationR
     _write(store, prefix + keys.REPORT_JSON,
            json.dumps(data, indent=1, sort_keys=True).encode())
     return Outcome(data)
+
+
+def _set_prompts(done: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Each named prompt set measured, with how many of its prompts a request completed."""
+    prompts: dict[str, set[str]] = {}
+    for r in done:
+        if r.get("prompt_set"):
+            prompts.setdefault(r["prompt_set"], set()).add(r["prompt_id"])
+    return {name: len(ids) for name, ids in sorted(prompts.items())}
 
 
 def _write(store: Store, key: str, data: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
+from include.evaluation.records import is_named_set
 from include.evaluation.stats import ALL_SOURCES, Comparison, Estimate, GroupFigures
 
 DEFINITIONS = (
@@ -13,6 +14,10 @@ DEFINITIONS = (
     "tokens) / sum(verify passes). Acceptance rate is `spec_accept_rate`: correct drafts / "
     "proposed drafts, **without** the bonus token. Intervals: 95 % percentile bootstrap over "
     "requests (paired over prompts for differences and speedups), seeded.")
+NAMED_SETS = (
+    "Sources `set:<name>` are prompt sets the deployment names (REGEN_ALLOWED_PROMPT_SETS: "
+    "public benchmarks such as MT-Bench, GSM8K, HumanEval), first user turn only: **not this "
+    "run's data**, never pooled into `(all)`, the gate or the speedup.")
 
 
 def _est(e: Estimate, digits: int = 2) -> str:
@@ -23,22 +28,36 @@ def _mode(thinking: bool) -> str:
     return "on" if thinking else "off"
 
 
+def _source(source: str) -> str:
+    return f"{source} (named set)" if is_named_set(source) else source
+
+
+def _figure_table(figures: Sequence[GroupFigures]) -> list[str]:
+    return ["| drafter | source | thinking | T | requests | acceptance length | "
+            "acceptance rate |", "|---|---|---|---|---|---|---|"] + [
+        f"| {f.config} | {_source(f.source)} | {_mode(f.thinking)} | {f.temperature:g} | "
+        f"{f.requests} | {_est(f.accept_length)} | {_est(f.accept_rate, 3)} |"
+        for f in figures]
+
+
 def markdown(run_name: str, figures: Sequence[GroupFigures], diffs: Sequence[Comparison],
              speedups: Sequence[Comparison], plot_name: str | None = None) -> str:
     """The report page (``report.md``)."""
     lines = [f"# Drafter evaluation on `{run_name}` (held-out split)", "", DEFINITIONS, "",
-             "## Acceptance per drafter x source x thinking mode", "",
-             "| drafter | source | thinking | T | requests | acceptance length | "
-             "acceptance rate |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {f.config} | {f.source} | {_mode(f.thinking)} | {f.temperature:g} | "
-              f"{f.requests} | {_est(f.accept_length)} | {_est(f.accept_rate, 3)} |"
-              for f in figures]
+             "## Acceptance per drafter x source x thinking mode", ""]
+    lines += _figure_table([f for f in figures if not is_named_set(f.source)])
+    named = [f for f in figures if is_named_set(f.source)]
+    if named:
+        lines += ["", "## Acceptance on the deployment's named prompt sets (not this run's "
+                  "data)", "", NAMED_SETS, ""]
+        lines += _figure_table(named)
     if diffs:
         lines += ["", "## Candidates against the baseline (acceptance length difference)", "",
                   "| candidate | baseline | source | thinking | T | prompts | difference |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {d.config} | {d.against} | {d.source} | {_mode(d.thinking)} | "
-                  f"{d.temperature:g} | {d.pairs} | {_est(d.value)} |" for d in diffs]
+        lines += [f"| {d.config} | {d.against} | {_source(d.source)} | {_mode(d.thinking)} | "
+                  f"{d.temperature:g} | {d.pairs} | {_est(d.value)} |"
+                  for d in sorted(diffs, key=lambda d: is_named_set(d.source))]
     if speedups:
         lines += ["", "## Speedup over the target-only pass (output tokens per second)", "",
                   "| drafter | thinking | T | prompts | speedup |", "|---|---|---|---|---|"]
@@ -62,6 +81,13 @@ def card_section(run_name: str, evaluation_id: str, figures: Sequence[GroupFigur
     lines += [f"- `{d.config}` - `{d.against}`, thinking {_mode(d.thinking)}, "
               f"T={d.temperature:g}: {_est(d.value)} ({d.pairs} prompts)"
               for d in diffs if d.source == ALL_SOURCES]
+    named = [f for f in figures if is_named_set(f.source)]
+    if named:
+        lines += ["", "On the deployment's named prompt sets (public benchmarks, first turn; "
+                  "**not this dataset**, not in the figures above):", ""]
+        lines += [f"- `{f.config}` on {f.source}, thinking {_mode(f.thinking)}, "
+                  f"T={f.temperature:g}: acceptance length {_est(f.accept_length)}, rate "
+                  f"{_est(f.accept_rate, 3)} ({f.requests} requests)" for f in named]
     return "\n".join(lines) + "\n"
 
 

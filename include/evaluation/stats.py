@@ -86,10 +86,18 @@ def _interval(num: np.ndarray, den: np.ndarray, rng: np.random.Generator, n_boot
     return Estimate(value, float(low), float(high))
 
 
+def _sources(record: dict[str, Any]) -> tuple[str, ...]:
+    # A named prompt set is its own row only: "(all)" pools the run's held-out split, so the
+    # gate and the card's pooled figures measure the run's data and nothing the deployment adds.
+    if record.get("prompt_set"):
+        return (record["source"],)
+    return (record["source"], ALL_SOURCES)
+
+
 def _groups(records: Iterable[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     out: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        for source in (r["source"], ALL_SOURCES):
+        for source in _sources(r):
             out[(r["config"], source, r["thinking"], r["temperature"])].append(r)
     return out
 
@@ -123,7 +131,7 @@ def _paired(records: list[dict[str, Any]], a: str, b: str,
     for (_, thinking, temp), configs in by_key.items():
         if a in configs and b in configs:
             pair = (configs[a], configs[b])
-            for source in (pair[0]["source"], ALL_SOURCES):
+            for source in _sources(pair[0]):
                 out[(source, thinking, temp)].append(pair)
     return out
 

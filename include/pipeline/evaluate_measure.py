@@ -1,5 +1,8 @@
 """``measure[config]``: one configuration's servers answer the held-out split, journaled.
 
+The deployment's named prompt sets the form picked (``prompt_sets``) go out after the split,
+read from the files ``allowed_prompt_sets`` names, into the same journal.
+
 The servers are the pass's own, rebuilt from the params and the deployment (XCom names the
 configuration only, and the dataset run, a run name); before a request each must report the
 pass's speculation in ``/server_info`` (a target-only server none), the refusal of issue 36's
@@ -31,6 +34,7 @@ def run(config: Any, dataset_run: Any, params: Mapping[str, Any] | None,
     from include.evaluation.keys import journal_prefix
     from include.evaluation.measure import run_pass
     from include.evaluation.passes import pass_named
+    from include.evaluation.prompt_sets import PromptSetError, named_sets
     from include.evaluation.records import Condition
     from include.evaluation.split import load_split
     from include.servers.expectations import speculative_differences
@@ -52,6 +56,11 @@ def run(config: Any, dataset_run: Any, params: Mapping[str, Any] | None,
     store = open_store(uri, s3_conn_id=deployment.s3_conn_id,
                        protected_prefixes=tuple(deployment.protected_prefixes))
     split = load_split(store)
+    with fail_without_retry(PromptSetError):  # the check step read them; a file changed since
+        sets = named_sets(request.prompt_sets, deployment.allowed_prompt_sets,
+                          deployment.data_roots)
+    # The split, then each named set: one journal, ids apart (a set's are ``set:<name>/...``).
+    prompts = split.prompts + [p for s in sets for p in s.prompts]
     journal = StoreJournal(store, journal_prefix(run_id or "manual", p.config))
     counts: Counter[str] = Counter()
     start = time.monotonic()
@@ -59,7 +68,7 @@ def run(config: Any, dataset_run: Any, params: Mapping[str, Any] | None,
         for temperature in request.temperatures:
             for thinking in request.thinking_modes:
                 cond = Condition(p.config, temperature, thinking)
-                counts += run_pass(p.urls, split.prompts, cond, journal,
+                counts += run_pass(p.urls, prompts, cond, journal,
                                    model=settings.model_name, max_tokens=request.max_tokens,
                                    headers=bearer(key),
                                    concurrency=request.concurrency * len(p.urls))
@@ -68,7 +77,9 @@ def run(config: Any, dataset_run: Any, params: Mapping[str, Any] | None,
     elapsed = time.monotonic() - start
     left = [k for k, r in journal.load().items() if not is_final(r)]
     print(f"{p.config}: {dict(counts)} over {len(p.urls)} server(s) in {elapsed:.1f} s "
-          f"({len(split.prompts)} held-out prompts x {len(request.temperatures)} temperature(s)"
+          f"({len(split.prompts)} held-out prompts"
+          + "".join(f" + {len(s.prompts)} of set {s.name}" for s in sets)
+          + f" x {len(request.temperatures)} temperature(s)"
           f" x {len(request.thinking_modes)} thinking mode(s))")
     if left:  # retryable failures: Airflow's retry sends only these again
         raise RuntimeError(f"{p.config}: {len(left)} requests ended on a retryable failure "
