@@ -67,10 +67,7 @@ class ServerPaths:
 
     @property
     def config_file(self) -> str:
-        """Return the server's ``--config`` YAML file (holds the API key; mode 0600).
-
-        SGLang accepts only a ``.yaml``/``.yml`` name.
-        """
+        """Return the server's ``--config`` YAML file (the API key, 0600; SGLang takes .yaml)."""
         return self.stem + ".config.yaml"
 
     @property
@@ -207,11 +204,8 @@ def format_address(host: str, port: int) -> str:
 
 
 def default_bind_host(host: str) -> str:
-    """Return the address a server on ``host`` listens on: itself if loopback, else all.
-
-    A server reached from another machine must listen beyond loopback; one reached at a
-    loopback address should not be exposed to the network.
-    """
+    """Return the address a server on ``host`` listens on: itself if loopback (not exposed to
+    the network), else all (reached from another machine)."""
     from include.settings.deployment import GpuHost
 
     return host if GpuHost(host=host).is_loopback else "0.0.0.0"

@@ -236,11 +236,8 @@ def replace_blocked(
 
 
 def stopped_meanwhile(before: ServerProcess, leased: ServerProcess) -> bool:
-    """Return whether a server alive at the probe had no process once leased.
-
-    Another run's teardown may have stopped it in between; a probe then confirms it is gone
-    and the launcher starts it anew.
-    """
+    """Return whether a server alive at the probe had no process once leased (another run's
+    teardown stopped it in between: a probe confirms it, then it is started anew)."""
     return before.alive and not leased.alive
 
 

@@ -277,13 +277,8 @@ def run_on_host(
 
 
 def run_once_on_host(spec: ServerSpec, command: str, *, timeout: float = 30.0) -> str:
-    """Run one command for a server on a connection of its own; return its stdout.
-
-    For the health trigger, which runs it in a worker thread (``asyncio.to_thread``) now and
-    then: the same pinning, prefix and wording as the launcher's ``run_on_host``, one
-    connection attempt (the trigger checks again at its next interval), closed at once.
-    Raise HostError when the host cannot be reached or the command fails.
-    """
+    """Run one command for a server as ``run_on_host`` does, on a connection of its own with one
+    attempt (the health trigger checks again at its next interval); return its stdout."""
     with Runners(connect_attempts=1) as runners:
         return run_on_host(runners, spec, command, timeout=timeout).stdout
 

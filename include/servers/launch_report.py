@@ -112,11 +112,8 @@ def trusted_spec(identifier: Any, trusted: RunSettings | Sequence[ServerSpec]) -
 
 
 def trusted_urls(servers: Any, trusted: RunSettings | Sequence[ServerSpec]) -> list[str]:
-    """Return the deployment's URL of each server identifier in ``servers`` (from XCom).
-
-    The URLs requests and the API key go to: each is rebuilt from the deployment's own spec,
-    never taken from XCom. Raise XComMismatchError (see ``trusted_spec``) before any request.
-    """
+    """Return the deployment's own URL of each server identifier in ``servers`` (from XCom),
+    or raise XComMismatchError (``trusted_spec``) before any request."""
     if isinstance(servers, (str, Mapping)) or not isinstance(servers, Iterable):
         raise _mismatch(f"servers {_shown(servers)} in XCom are not a list of identifiers")
     specs = _specs_of(trusted)
@@ -124,11 +121,10 @@ def trusted_urls(servers: Any, trusted: RunSettings | Sequence[ServerSpec]) -> l
 
 
 def server_addresses(deployment: DeploymentSettings) -> frozenset[tuple[str, int]]:
-    """Return every ``(host, port)`` a server of the deployment may serve on, any ``tp_size``.
+    """Return every ``(host, port)`` a server of the deployment may serve on, any ``tp_size``
+    (``port_base`` + each listed GPU: no run's settings needed, the monitor's case).
 
-    A server takes ``port_base`` + its first GPU, so with any ``tp_size`` its port is one of
-    ``port_base`` + each listed GPU: the set covers every run of the deployment without the
-    runs' settings (the monitor's case). Hosts are lower case, as URLs compare them.
+    Hosts are lower case, as URLs compare them.
     """
     return frozenset((h.host.lower(), deployment.port_base + g)
                      for h in deployment.gpu_hosts for g in h.gpus)
@@ -250,11 +246,7 @@ class LaunchReport:
         return [spec.ident for spec in self.usable]
 
     def health_targets(self) -> list[dict[str, Any]]:
-        """Return each server's identifier: the sensor's ``server`` (``.expand(server=...)``).
-
-        Only the identifier: the sensor rebuilds the server, the model expectation, the timeout
-        and the key connection from the run's settings (XCom feeds ``expand``).
-        """
+        """Return each server's identifier only, the sensor's ``.expand(server=...)``."""
         return [s.server.ident for s in self.servers]
 
     def summary(self) -> str:

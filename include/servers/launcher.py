@@ -1,24 +1,16 @@
 """Start, reuse, replace and stop the SGLang servers of a run, over SSH or on this machine.
 
-``launch_servers(settings, owner=...)`` is idempotent: a server already answering
-``/v1/models`` with the run's model name and context length is reused; one answering with other
-settings is reported (and replaced only with ``replace_mismatched_servers``, and never while
-another run leases it); a closed port with a live server process behind it is a server loading
-its model (SGLang opens its port only then), used as it is, without waiting here: the health
-gate waits for it and checks it; a silent port without a process gets a new server. Every
-server the run uses gets the run's lease on its host. The ``LaunchReport`` it returns is JSON
-data for XCom; ``stop_servers(report, settings)`` releases the run's leases and stops a server
-only when no other run still leases it, so one run's teardown never stops servers another run
-generates on. Teardown runs commands on the deployment's own servers only: each server of the
-report is matched against the settings' (``trusted_spec``), never taken from XCom.
+``launch_servers(settings, owner=...)`` is idempotent: each server is read first
+(``_Shell.observe``: plain data), then ``include.servers.decisions`` decides (reuse, start,
+loading, refuse, replace: its docstring's table) and names one command at a time; ``_Shell``
+runs each and records its result, and decides nothing itself. Every server the run uses gets
+the run's lease on its host; the ``LaunchReport`` returned is JSON data for XCom.
+``stop_servers(report, settings)`` releases the run's leases and stops a server only when no
+other run still leases it, and only the deployment's own servers (``trusted_spec``: never
+taken from XCom).
 
-Each server is read first (``_Shell.observe``: plain data), then ``include.servers.decisions``
-decides and names one command at a time; ``_Shell`` runs each and records its result, and
-decides nothing itself.
-
-The servers' API key (``RunSettings.api_key``, the password of the ``sglang_conn_id`` connection)
-reaches a server in its ``--config`` file, written from the SSH command's stdin; it is in no
-command line, no report and no log tail this module returns.
+The servers' API key reaches a server in its ``--config`` file, written from the SSH command's
+stdin; it is in no command line, no report and no log tail this module returns.
 """
 
 from __future__ import annotations

@@ -2,24 +2,13 @@
 
 ``ServerHealthSensor`` is shaped like Airflow's ``HttpSensor``: deferrable by default, it
 checks once in the worker and, if the server is not ready yet, defers to
-``ServerHealthTrigger`` in the triggerer; ``execute_complete`` turns an error event into a
-task failure whose message names the server and includes its log tail. With
-``deferrable=False`` the same checks run in the worker (handy for ``airflow dags test`` and
-for tests).
+``ServerHealthTrigger`` (``include.servers.triggers``); ``execute_complete`` turns an error
+event into a task failure naming the server, with its log tail. ``deferrable=False`` runs the
+same checks in the worker (``airflow dags test``, tests).
 
-Its one mapped argument, ``server``, comes from XCom, which Op and Admin users can edit over
-the REST API, so it is an identifier only (``{"host", "port"}``). When it runs, the sensor
-rebuilds the run's settings from the run's params (``context["params"]``, bound to the
-deployment settings of the worker's environment, as every task does) and takes from them, never
-from XCom: the server itself (``trusted_spec``: host, SSH connection, command prefix, log
-directory, URL), the model it must serve, the launch timeout and the API key's connection.
-The trigger gets those facts from the sensor; its arguments live in Airflow's database.
-
-The API key is read at run time, in the worker or the triggerer, from the Airflow connection
-named by the deployment's ``sglang_conn_id``; it is never a task argument, an XCom value or a
-trigger argument.
-
-One sensor per server, mapped over ``LaunchReport.health_targets()``::
+Its one mapped argument, ``server``, is an identifier from XCom; the server itself, the model it
+must serve, the launch timeout and the key's connection are rebuilt from the run's params (why:
+``include.servers.launch_report``'s docstring; the key: ``include.sglang.hook``'s)::
 
     ServerHealthSensor.partial(task_id="wait_for_server").expand(server=targets)
 """

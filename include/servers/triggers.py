@@ -37,13 +37,8 @@ log = logging.getLogger(__name__)
 
 
 async def run_host_command(spec: ServerSpec, command: str, timeout: float = 30.0) -> str:
-    """Run a command for ``spec`` on its host, the launcher's way, off the event loop.
-
-    The same runner as the launcher (``hosts.run_once_on_host``: host key pinned, container
-    prefix applied, one wording of every failure), in a worker thread so the triggerer's
-    loop keeps serving other triggers. Return stdout; raise HostError naming the host when
-    the command fails.
-    """
+    """Run ``hosts.run_once_on_host`` in a worker thread, so the triggerer's loop keeps
+    serving other triggers; return stdout (HostError naming the host when it fails)."""
     return await asyncio.to_thread(run_once_on_host, spec, command, timeout=timeout)
 
 

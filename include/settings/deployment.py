@@ -267,11 +267,7 @@ class DeploymentSettings(BaseSettings):
 
     @functools.cached_property
     def api_key(self) -> str | None:
-        """Return the servers' API key: the password of ``sglang_conn_id``, or None.
-
-        Read from the Airflow connection when a task runs, and registered with Airflow's secret
-        masker so it is replaced by ``***`` in every task log.
-        """
+        """Return the servers' API key, masked in task logs (``include.sglang.hook``), or None."""
         from include.sglang.hook import SGLangHook
 
         return SGLangHook(self.sglang_conn_id).api_key()

@@ -76,11 +76,8 @@ def _optional_in_form(schema: dict[str, Any]) -> None:
 
 
 def deployment_defaults() -> dict[str, Any]:
-    """Return the run settings whose default comes from the deployment, read at parse time.
-
-    The model: the first of the deployment's allowed models, so the form's defaults are a run
-    this deployment accepts. Environment only (``parse_time_values``), as parsing must be.
-    """
+    """Return the run settings whose default comes from the deployment (environment only, as
+    parsing must be): the first allowed model, so the form's defaults are a run it accepts."""
     return {"model_path": DeploymentSettings.parse_time_values().allowed_models[0]}
 
 

@@ -273,10 +273,9 @@ class RunSettings(BaseModel):
     def from_mapping(cls, values: Any = None, deployment: Any = None) -> RunSettings:
         """Build run settings from a trigger conf or params; raise SettingsError if wrong.
 
-        ``None`` values mean "use the default" (an empty form field); ``model_path``'s is the
-        first of the deployment's allowed models, as in the trigger form. The settings are
-        bound to ``deployment`` (read from the environment when not given): catalogue sources
-        are resolved, and the model, local paths and names are checked against it.
+        ``None`` means "use the default" (an empty form field; ``model_path``'s:
+        ``params.deployment_defaults``). Bound to ``deployment`` (the environment's when not
+        given): catalogue sources resolved; model, local paths and names checked against it.
         """
         from include.settings.errors import raise_all
 
