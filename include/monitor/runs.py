@@ -12,19 +12,16 @@ journal of a shard still generating (the manifest is built from that journal: on
 shard); rows written, quarantined and dropped from the tokenized manifests.
 
 Tokens/s: while shards generate, over the journals' last ``RATE_WINDOW_S`` seconds; once none
-does, the location's average over the time its shards generated (the generated manifests'
-``generation``: each shard's output tokens and wall-clock span, overlapping spans counted
-once).
+does, the report's figure (``include.reporting.throughput.generation_average``).
 
 A page open in several browsers must not turn into a listing of the store and a probe of every
 server per request: ``live_runs`` answers from states at most ``ttl_s`` old (one listing per
 run, one probe per server per ``ttl_s``), and every cache is bounded. Journal segments and
 manifests are create-only, so what is parsed from them is kept (least recently used first out).
 
-Only the deployment's own servers are probed (``own_servers``: every host and port of
-``gpu_hosts`` x ``port_base`` + GPU, see ``server_addresses``), at the URL rebuilt from that
-host and port, over plain HTTP, without following redirects: a journal names servers by URL,
-and a URL written there (``file://...``, another host) is shown, never requested.
+Only the deployment's own servers are probed (``own_servers``:
+``include.servers.launch_report.server_addresses``), at the URL rebuilt from host and port: a
+URL a journal names (``file://...``, another host) is shown, never requested.
 """
 
 from __future__ import annotations
@@ -81,13 +78,8 @@ _REPORT_KEY = re.compile(
 
 
 def is_report_file(key: str) -> bool:
-    """Return whether ``key`` is a file of a run's report and nothing else.
-
-    Exactly ``<run>/report/<run id>/<file>`` or, for a forced regeneration,
-    ``<run>/regenerations/<id>/report/<run id>/<file>``, with an extension of
-    ``REPORT_MEDIA_TYPES``: a journal under a regeneration whose id happens to be ``report``
-    (``<run>/regenerations/report/journal/...``) is not a report file.
-    """
+    """Return whether ``key`` is exactly ``<run>/[regenerations/<id>/]report/<run id>/<file>``
+    of a ``REPORT_MEDIA_TYPES`` kind (not a journal of a regeneration whose id is ``report``)."""
     match = _REPORT_KEY.fullmatch(key)
     return match is not None and match["ext"] in REPORT_MEDIA_TYPES
 

@@ -11,14 +11,6 @@ One vocabulary: a run's and a shard's state on the page ARE Airflow's states (th
 ``DagRunState`` / ``TaskInstanceState``, shown in the words of Airflow's own UI, which the
 plugin reads from the installed UI: ``ui_words``); the files' facts that Airflow does not
 know (a shard's journal, its outputs) are said in the words of ``FILE_WORDS``.
-
-* ``classify_shard``: a shard's state is its first unfinished task's Airflow state (None: not
-  scheduled yet), or ``success`` when its three tasks succeeded.
-* ``summarize_run``: one run's state, its failure (``failure``), its shards by state with
-  their names (the grid's name, or the plan's shard id for a task that has not started) and
-  the UI's links to the run and to each shard's task log.
-* ``attach``: which section of the page (run folder and outputs location) each run writes
-  to; ``page_order``: the sections, the live ones first, then newest first.
 """
 
 from __future__ import annotations
@@ -97,11 +89,8 @@ FILE_WORDS: dict[StrEnum, str] = {
 
 def ui_words(states: Iterable[str], translations: Mapping[str, str] | None = None
              ) -> dict[str, str]:
-    """Return the word Airflow's UI shows for each state value (and ``NO_STATUS``).
-
-    ``translations`` is the UI's own table (``states`` of its English ``common.json``); a
-    value it lacks reads as the UI would spell it ("up_for_retry": "Up For Retry").
-    """
+    """Return the word Airflow's UI shows for each state value (and ``NO_STATUS``), from its
+    own ``translations`` (``common.json``'s ``states``), else spelt as the UI would."""
     table = dict(translations or {})
     return {s: table.get(s) or s.replace("_", " ").title() for s in [*states, NO_STATUS]}
 

@@ -27,9 +27,8 @@ _ENCODER = json.JSONEncoder(
 def encode_record(record: dict[str, Any]) -> bytes:
     """Return the one canonical JSON line for a record (sorted keys: byte-stable output).
 
-    The same bytes as ``json.dumps(record, ensure_ascii=False, sort_keys=True,
-    separators=(",", ":"), default=str, allow_nan=False) + "\\n"`` in UTF-8, line breaks
-    other than ``\\n`` escaped (``include.jsonl``). Raises ValueError on NaN or an infinity.
+    ``json.dumps(record, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+    default=str, allow_nan=False)``'s bytes, breaks escaped (``include.jsonl``).
     """
     return (escape_breaks(_ENCODER.encode(record)) + "\n").encode("utf-8")
 

@@ -65,11 +65,8 @@ def shuffled_order(selected: list[Sequence[int]], seed: int) -> array:
 
 
 def plan_shards(total: int, shard_size: int) -> int:
-    """Return the shard count for ``total`` prompts.
-
-    Any count is prepared: how many shards one run maps is the plan's to check
-    (``include/prompts/plan.py``), against the deployment's ``core.max_map_length``.
-    """
+    """Return the shard count for ``total`` prompts (any count: ``include/prompts/plan.py``
+    checks how many one run maps)."""
     return math.ceil(total / shard_size) if total else 0
 
 

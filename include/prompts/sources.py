@@ -28,11 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def length_counter(settings: RunSettings) -> tuple[str, LengthCounter]:
-    """Return the unit of prompt lengths and the function that measures a batch of prompts.
-
-    Tokens of the chat-templated prompt when the run names a tokenizer (as the server
-    counts them), else characters.
-    """
+    """Return the unit of prompt lengths and the function that measures a batch of prompts:
+    tokens as the server counts them when the run names a tokenizer, else characters."""
     if settings.tokenizer_path:
         tok = load_tokenizer(settings.tokenizer_path)
         return "tokens", lambda convs: count_prompt_tokens(tok, convs, settings.enable_thinking)

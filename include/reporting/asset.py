@@ -18,13 +18,8 @@ DATASET_ALIAS = "regenerated_drafter_data"
 
 
 def dataset_asset_uri(settings: Any) -> str:
-    """Return the URI of a run's finished dataset: ``<run location>/tokenized``.
-
-    ``s3://bucket/prefix/<run_name>/tokenized`` for S3 outputs, ``file:///abs/<run_name>/
-    tokenized`` for local ones. It names the run's dataset, not one Airflow run's folder: a
-    backfill or a forced regeneration of the same run updates the same asset (the event's
-    extra says which outputs location and report it came from).
-    """
+    """Return the URI of a run's finished dataset, ``<run location>/tokenized``: the run's, not
+    one Airflow run's, so a backfill or a forced regeneration updates the same asset."""
     base = settings.run_uri
     if base.startswith("s3://"):
         return base.rstrip("/") + "/tokenized"

@@ -74,12 +74,7 @@ def busy_seconds(spans: list[tuple[float, float, int]]) -> float:
 
 def generation_average(spans: list[tuple[float, float, int]]) -> float | None:
     """Return *tokens/s while generating*, the report's and the monitor's one figure: output
-    tokens over the time at least one shard generated, or None.
-
-    ``spans`` are ``generation_span``s: shards that generated side by side share their time
-    (overlaps counted once), and the time between shards (a task starting, a pause between
-    two runs of the same folder) is not counted.
-    """
+    tokens over the time at least one shard generated (overlaps once, gaps not), or None."""
     busy = busy_seconds(spans)
     return sum(tokens for _, _, tokens in spans) / busy if busy > 0 else None
 
