@@ -19,8 +19,6 @@ module             decides
                    is gone or is far busier (and why it moved)
 =================  ==========================================================================
 
-The engine drives them (``include.engine.conversing`` tells how): one turn in flight per
-conversation, each finished turn journaled, the conversation's end journaled once as its final
-record; the tokenization stage writes ``rows.whole_row`` where the turns are prefix-stable,
-else the per-turn rows.
+The engine drives them (how: ``include.engine.conversing``'s docstring); the tokenization stage
+writes their rows (``include.tokenization.conversations``).
 """

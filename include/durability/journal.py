@@ -15,9 +15,8 @@ so no prompt appears twice. Two forms behind one interface:
 
 Every finished prompt has one final record: the first line per id, except that a retryable
 failure (connection, timeout, 5xx, queue full) is replaced by any later line for its id, so
-a re-run tries those prompts again and its result wins. "First" is in the order of the
-segments the newest lease generation counts (``fencing``): generation, then key; a segment a
-fenced-out holder landed after the takeover is not read at all.
+a re-run tries those prompts again and its result wins. "First" is in the order ``fencing``
+keeps the segments in.
 """
 
 from __future__ import annotations

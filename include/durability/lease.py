@@ -1,27 +1,23 @@
-"""A shard's lease: taken create-only in the run's store, renewed by a heartbeat (why: the
-package docstring, ``include.durability``).
+"""A shard's lease: taken create-only in the run's store, renewed by a heartbeat (why, and how
+the generation fences a lost holder out: the package docstring, ``include.durability``).
 
 Keys, under the shard's journal prefix ``journal/<shard>/`` (docs/data-layout.md, Leases; built
 by ``include.layout``):
 
 * ``lease/<generation:08d>.json``: generation N of the lease, taken by writing it
-  create-only. Taking N+1 is allowed only once N is released or expired, and create-only
-  (S3 ``If-None-Match: *``, a local ``link``) lets exactly one taker win each generation,
-  so the generations order the holders without any clock.
+  create-only (S3 ``If-None-Match: *``, a local ``link``), only once N-1 is released or
+  expired; its body records the segments it resumes from (``"segments"``, read by
+  ``include.durability.fencing``).
 * ``beats/<generation:08d>/<n:08d>``: the holder's renewals, one object per heartbeat
   (every ``ttl_s / 4``), numbered 1, 2, 3 ...
 * ``lease/<generation:08d>.released``: the holder is done; ``"complete": true`` when it
   finished generating (every prompt has a record), so only its run's upload is still to come.
 
-Expiry compares no timestamps across machines: a waiter watches the newest generation's beat
-count and judges it expired when the count has not moved for ``ttl_s`` by the waiter's own
-monotonic clock. The holder in turn counts itself lost once it has not renewed for
-``SELF_FENCE * ttl_s`` by its own monotonic clock (before any waiter may take over), or as
-soon as it sees generation N+1: it then refuses journal writes and never publishes.
-
-The generation is the fencing token (the package docstring says where it is carried and
-checked); each generation's body records the segments it resumes from (``"segments"``), read
-by ``include.durability.fencing``.
+Expiry compares no timestamps across machines: a waiter judges the newest generation expired
+when its beat count has not moved for ``ttl_s`` by the waiter's own monotonic clock. The holder
+counts itself lost once it has not renewed for ``SELF_FENCE * ttl_s`` by its own monotonic
+clock (before any waiter may take over), or as soon as it sees generation N+1: it then refuses
+journal writes and never publishes.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ chunk of prompts from the target tokenizer's count, skip those that cannot fit),
 The loop takes the step whenever something changes; each finished request's callback applies
 its result (``_Run._apply``: ``retry.decide_retry``'s verdict, carried out by that verdict's
 handler) and takes the step at once, so a freed slot is refilled without a round trip
-through the loop. A retryable failure counts against the prompt's ``max_attempts`` only when
-its server was working for others at the time (``ServerPool.record_failure``); every retry is
-logged with its reason and server, and counted in the progress line.
+through the loop (which failures count against a prompt: ``retry``'s docstring). Every retry
+is logged with its reason and server, and counted in the progress line.
 """
 
 from __future__ import annotations

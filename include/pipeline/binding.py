@@ -27,11 +27,8 @@ def lease_owner(dag_id: str, run_id: str | None) -> str:
 
 
 def outputs_uri(settings: RunSettings, run_id: str) -> str:
-    """Return where this run writes journals, completions and tokenized shards.
-
-    Normally the run's own location; with ``force_regenerate`` a fresh folder named after the
-    Airflow run id, so earlier outputs of the same shards stay untouched.
-    """
+    """Return where this run writes journals, completions and tokenized shards: the run's own
+    location, or with ``force_regenerate`` a fresh folder named after the Airflow run id."""
     if not settings.force_regenerate:
         return settings.run_uri
     return f"{settings.run_uri}/{regeneration_prefix(run_id)}"
@@ -73,21 +70,16 @@ def open_run_store(settings: RunSettings, uri: str | None = None) -> Store:
 
 
 def open_outputs_store(settings: RunSettings, run_id: str, run_store: Store) -> Store:
-    """Return the store of this run's outputs: ``run_store`` itself when they are the run's
-    own location (no ``force_regenerate``), so the location and credentials lines are logged
-    once, not twice (issue 34)."""
+    """Return the store of this run's outputs (``run_store`` itself at the run's own location,
+    so its location and credentials lines are logged once, not twice: issue 34)."""
     outputs = outputs_uri(settings, run_id)
     return run_store if outputs == settings.run_uri else open_run_store(settings, outputs)
 
 
 @contextmanager
 def fail_without_retry(*errors: type[BaseException]) -> Iterator[None]:
-    """Turn ``errors`` (and SettingsError) into a task failure that Airflow does not retry.
-
-    For mistakes in the settings or the data: the same inputs give the same error, so a retry
-    would only spend the retry delay and another worker's time. The reason is logged on its
-    own lines and the task fails with no traceback under it (``include.pipeline.refusal``).
-    """
+    """Turn ``errors`` (and SettingsError) into a refusal (``include.pipeline.refusal``): a
+    mistake in the settings or the data fails the same on every try, so none is retried."""
     try:
         yield
     except (SettingsError, *errors) as exc:
