@@ -12,9 +12,8 @@ This module holds what the engine does differently for them:
 * **one journal record per finished turn** (status ``turn``, not a completion: the report
   and the monitor count the conversation's final record), so a retry or a lost worker
   continues each conversation at its next turn and regenerates nothing twice;
-* **affinity**: a next turn waits for the server that answered the previous one (its radix
-  cache holds the history) unless that server rests, is ejected or is far busier than the
-  least loaded one (``conversations.affinity``); every move is counted by reason. A server
+* **affinity**: a next turn waits for the server that answered the previous one, unless it
+  moves (why and when: ``conversations.affinity``); every move is counted by reason. A server
   with room and no work of its own takes waiting turns of a far busier one.
 """
 

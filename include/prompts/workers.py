@@ -8,11 +8,9 @@ stands in that order, as it would in a plain loop).
 
 The worker is a ``ProcessPoolExecutor`` process started with ``spawn``: a fork of a process
 that runs threads (a Celery worker, the Airflow task runner) can inherit a lock held by a
-thread that does not exist in the child, and hang on it. Under a Celery worker the task's
-process descends from a billiard pool process, which multiprocessing takes for a daemon with
-a key it must not pickle, and whose main module is the ``airflow`` script
-(``_as_from_a_main_process``): every prepare of 64 MB or more failed there, found by the
-rehearsal at the planned size.
+thread that does not exist in the child, and hang on it. Under a Celery worker spawning also
+needs ``_as_from_a_main_process`` (why: its docstring): without it every prepare of 64 MB or
+more failed there, found by the rehearsal at the planned size.
 """
 
 from __future__ import annotations
