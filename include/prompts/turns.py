@@ -35,13 +35,10 @@ class DropRow(Exception):
 
 
 def to_messages(turns: Sequence[RawTurn], policy: str) -> list[Message]:
-    """Map role names and cut the conversation to the prompt the policy asks for.
+    """Map role names and cut the conversation to the prompt the policy asks for; raise DropRow.
 
-    Policies: ``first_user`` (system turns before it + the first user turn),
-    ``until_first_trained_assistant`` (every turn before the first assistant turn with
-    ``loss`` true; where the set has no loss flags, the first assistant turn),
-    ``until_last_user`` (every turn up to the last user turn), ``WHOLE`` (every turn, tool
-    results unwrapped of the dataset's ``<tool_response>``). Raises DropRow.
+    The policies: ``multi_turn`` in ``include.settings.fields`` (without loss flags in the set,
+    ``until_first_trained_assistant`` stops at the first assistant turn), and ``WHOLE``.
     """
     if len(turns) == 1:
         return _one_turn(turns[0], policy)

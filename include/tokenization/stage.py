@@ -3,7 +3,8 @@
 Its parts, one module each: ``assembly`` (a record's texts in the chat template's layout),
 ``chat`` (the target tokenizer and what is derived from it once), ``checks`` (encoding and
 every check, ``tokenize_completions``) and ``outputs`` (samples, the records kept out, and
-their files). Token counting shared with the other stages is in ``tokenizer``.
+their files) and ``conversations`` (whole conversations' rows). The target's tokenizer, shared
+with the other stages, is ``include.target_tokenizer``.
 """
 
 from __future__ import annotations
