@@ -2,7 +2,7 @@
 
 Its parts, one module each: ``assembly`` (a record's texts in the chat template's layout),
 ``chat`` (the target tokenizer and what is derived from it once), ``checks`` (encoding and
-every check, ``tokenize_completions``) and ``outputs`` (samples, the records kept out, and
+every check, ``tokenize_completions``), ``outputs`` (samples, the records kept out, and
 their files) and ``conversations`` (whole conversations' rows). The target's tokenizer, shared
 with the other stages, is ``include.target_tokenizer``.
 """
