@@ -35,11 +35,9 @@ SHARD_MANIFEST_SUFFIX = ".manifest.json"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 REPORT_MARKDOWN = "report.md"
-#: The held-out split (``include/prompts/held_out.py``): prompts no training export holds,
-#: kept for measuring a drafter on the run's own data (the ``evaluate_drafter`` DAG). It is a
-#: run of one shard nested in the run's ``eval/`` folder (``eval_location``): its prompts,
-#: journal, completions and rows keep a shard's keys under it, so the shard tasks answer it
-#: as they answer a shard, and no training export (the run's own keys) can hold it.
+#: The held-out split (why: ``include/prompts/held_out.py``), a run of one shard nested in the
+#: run's ``eval/`` folder (``eval_location``): a shard's keys under it, so the shard tasks
+#: answer it as a shard and no training export (the run's own keys) can hold it.
 EVAL_PREFIX = "eval"
 EVAL_SHARD = "shard-00000"
 EVAL_PROMPTS_KEY = f"{EVAL_PREFIX}/{PROMPTS_PREFIX}/{EVAL_SHARD}.jsonl"

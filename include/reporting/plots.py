@@ -70,8 +70,7 @@ def throughput_figure(throughput: dict[str, Any]) -> Any:
 
     Top: output tokens/s per bin, all servers and each. Bottom: the mean number of servers
     busy and idle per bin. Time between tasks (no shard generating) is cut out of the axis
-    and marked; the legend gives the busy/idle/between-tasks shares of server time from
-    ``server_time_shares``, the numbers the report's text gives.
+    and marked; the legend gives ``server_time_shares``, the numbers the report's text gives.
     """
     fig, (ax,) = _figure(1, "Output tokens/s and what the servers did")
     timeline = throughput.get("timeline") or []

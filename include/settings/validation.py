@@ -1,10 +1,8 @@
 """Checks of a run's settings that need only the settings, the storage and the layout.
 
-Each raises SettingsError naming the setting, the value and what is accepted. The
+Each raises SettingsError naming the setting, the value and what is accepted; the
 ``check_settings`` task (``include.pipeline.check_settings``) runs them beside the checks
-that need the stages (a source's first row, the tokenizer, the servers' keys), and reports
-every problem at once. The only write is the create-only probe of an S3 store, in the run's
-location, on every run (``include.storage.probe``).
+that need the stages, and reports every problem at once.
 """
 
 from __future__ import annotations
