@@ -1,11 +1,11 @@
 """Durability: what of a shard survives a crash, and one writer per shard.
 
-The shard stage comes in through one door, ``door.ShardDurability`` (``published``, ``open``,
-``progress``, ``publish``); ``journal`` (segments of finished prompts, their merge rule) is
-also read by the engine, the report and the monitor. Behind the door, private to it: ``lease``
-(one lease generation and its heartbeat), ``claims`` (waiting for a turn), ``fencing`` (which
-segments count after a takeover), ``journal_settings`` (the completion settings a journal is
-written under; ``check_settings`` reads it too, before any shard runs).
+The shard stage comes in through one door, ``door.ShardDurability``; ``journal`` (segments of
+finished prompts, their merge rule) is also read by the engine, the report and the monitor.
+Behind the door, private to it: ``lease`` (one lease generation and its heartbeat), ``claims``
+(waiting for a turn), ``fencing`` (which segments count after a takeover), ``journal_settings``
+(the completion settings a journal is written under; ``check_settings`` reads it too, before
+any shard runs).
 
 One writer per shard, the story every other module points to. Two runs can select the same
 shard (a shard-range backfill beside the run, a re-trigger before the last run ended), and

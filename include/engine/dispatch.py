@@ -390,11 +390,9 @@ def run_shard(
 ) -> ShardOutcome:
     """Generate completions for one shard; return its outcome once every prompt is final.
 
-    ``prompt_tokens`` returns P for a batch of conversations (use
-    ``include.target_tokenizer.count_prompt_tokens`` with the target tokenizer). Raises
-    GenerationError on a wrong API key, a journal that cannot be written, or when no server
-    is in rotation for ``all_down_timeout_s``; everything finished before is in the journal
-    and a re-run resumes from it.
+    ``prompt_tokens``: ``include.target_tokenizer.count_prompt_tokens`` with the target's
+    tokenizer. GenerationError on a wrong API key, an unwritable journal or no server in
+    rotation for ``all_down_timeout_s`` (a re-run resumes from the journal).
     """
     return asyncio.run(_run_in_session(shard_id, prompts, servers, journal, config,
                                        prompt_tokens))

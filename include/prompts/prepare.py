@@ -45,12 +45,8 @@ PARALLEL_MIN_BYTES = 64 << 20
 
 
 def prepare_prompts(settings: RunSettings, store: Store | None = None) -> dict[str, Any]:
-    """Run the prepare stage and return its manifest (also written to the store).
-
-    Writes ``prompts/shard-NNNNN.jsonl`` and ``prompts/manifest.json`` under the run's
-    location, create-only: run again with the same inputs and settings, it rewrites nothing
-    and returns the same manifest; with different ones, it fails instead of overwriting.
-    """
+    """Write ``prompts/shard-NNNNN.jsonl`` and ``prompts/manifest.json`` create-only (run again
+    with other inputs or settings, it fails instead of overwriting); return the manifest."""
     with _gc_paused():
         return _prepare(settings, store)
 

@@ -317,9 +317,6 @@ def parse_fields(output: str) -> dict[str, str]:
 
 
 def redact(text: str, secret: str | None) -> str:
-    """Return ``text`` with every occurrence of ``secret`` replaced by ``***``.
-
-    A server's log holds its API key (SGLang logs its arguments at start), so a log tail is
-    redacted before it goes into a message, an XCom or a trigger event.
-    """
+    """Return ``text`` with ``secret`` replaced by ``***``: a server's log holds its API key
+    (``include.servers.lifecycle``), so a tail is redacted before a message, XCom or event."""
     return text.replace(secret, "***") if secret else text
