@@ -1,12 +1,12 @@
 """
 ### Measure drafters on a dataset run's held-out split (acceptance, per source and thinking mode)
 
-Every dataset run keeps a held-out split (`eval/prompts.jsonl`, in no training export). This
-DAG serves the target with SGLang's speculative decoding, once per drafter configuration (the
-baseline, each candidate) and once alone, sends the split with per-request spec details, and
-reports SGLang's acceptance length (bonus token counted) and acceptance rate per drafter x
-source x thinking mode, with intervals, the candidates' differences from the baseline and the
-speedup over the target alone.
+Every dataset run keeps a held-out split (`eval/prompts/shard-00000.jsonl`, in no training
+export). This DAG serves the target with SGLang's speculative decoding, once per drafter
+configuration (the baseline, each candidate) and once alone, sends the split with per-request
+spec details, and reports SGLang's acceptance length (bonus token counted) and acceptance
+rate per drafter x source x thinking mode, with intervals, the candidates' differences from
+the baseline and the speedup over the target alone.
 
 ```
 check_settings

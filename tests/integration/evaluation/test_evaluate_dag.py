@@ -22,6 +22,7 @@ import pytest
 
 from include.evaluation.keys import EVALUATIONS_PREFIX
 from include.evaluation.stats import ALL_SOURCES, acceptance
+from include.layout import EVAL_PROMPTS_KEY
 from sglang_standin.process import shell_launch_command
 from tests.fixtures.ports import free_port_block
 from tests.fixtures.sshd import SshdServer, sshd  # noqa: F401
@@ -116,7 +117,7 @@ def test_evaluate_drafter_ranks_two_drafters_and_gates_on_min_gain(
                      deployment=deployment)
     _ok(made)
     run_dir = tmp_path / "runs" / "eval_source"
-    split = (run_dir / "eval" / "prompts.jsonl").read_text().splitlines()
+    split = (run_dir / EVAL_PROMPTS_KEY).read_text().splitlines()
     assert len(split) >= 20  # the demo's samples give ~35
 
     # Longer answers for the measured runs (as tests/integration/evaluation/
