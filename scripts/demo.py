@@ -290,6 +290,9 @@ def _real_server_settings(deployment: dict, conf: dict, work: Path) -> dict:
             # it was made for (scripts/tiny_qwen3.py, ~1 in 8), which the quality filters
             # quarantine; the gate leaves room for chance (6 of 16 rows were seen once).
             "max_filtered_rate": 0.4,
+            # One held-out prompt per source and thinking mode: the split and the target's
+            # answers to it are shown without doubling the run on two CPU servers.
+            "held_out_per_source": 1,
             "sources": [{"name": n, "quota": 3,
                          **({"turns": "all"} if n == WHOLE_CONVERSATIONS else {})}
                         for n in bundled_catalogue()]}

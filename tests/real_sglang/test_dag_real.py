@@ -45,6 +45,9 @@ def _conf(real: RealDeployment, run_name: str, **run: Any) -> dict[str, Any]:
         # and a gate fail the run by chance. Kept, they are rows checked against the wire too;
         # that the rules read an open block as the server does is test_contract's.
         "quality_filters_off": ["unclosed_think"],
+        # No held-out split: its answers would more than double a run on these CPU servers
+        # (32 held-out prompts beside 21 of the single-turn run's shards).
+        "held_out_per_source": 0,
         **run,
     }
 
