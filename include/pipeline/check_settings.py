@@ -166,12 +166,8 @@ def _say_if_nothing_to_do(settings: RunSettings) -> None:
 
 
 def run(params: Mapping[str, Any] | None) -> None:
-    """The check_settings task: fail, without a retry, on any wrong setting.
-
-    Each problem is logged on short lines of its own, where a person reads the log; the
-    task then fails with one short line naming the settings, and no traceback
-    (``include.pipeline.refusal``).
-    """
+    """The check_settings task: fail, without a retry, on any wrong setting (each problem on
+    lines of its own: ``include.pipeline.refusal``)."""
     try:
         check_settings(params)
     except SettingsError as exc:

@@ -10,11 +10,8 @@ from include.pipeline.binding import bind, lease_owner
 
 def run(plan: list[dict[str, Any]], params: Mapping[str, Any] | None, dag_id: str,
         run_id: str | None) -> dict[str, Any]:
-    """The launch_servers task: launch for the plan, log what was done, return the report.
-
-    The servers' lease is named from the run id (never from XCom), so the teardown releases
-    exactly this run's lease.
-    """
+    """The launch_servers task: launch for the plan under this run's lease
+    (``binding.lease_owner``), log what was done, return the report."""
     from include.servers.launcher import launch_for_plan
 
     report = launch_for_plan(bind(params), plan, owner=lease_owner(dag_id, run_id))

@@ -10,11 +10,8 @@ from include.pipeline.binding import bind, fail_without_retry, lease_owner
 
 def run(report: dict[str, Any], params: Mapping[str, Any] | None, dag_id: str,
         run_id: str | None) -> None:
-    """The stop_servers task: stop and confirm gone, releasing this run's lease.
-
-    Commands run on the deployment's own servers with its own SSH connections and command
-    prefixes; the launch report (XCom) says only which, and an edited one fails without retry.
-    """
+    """The stop_servers task: stop and confirm gone, releasing this run's lease (on the
+    deployment's own servers only: ``include.servers.launch_report``)."""
     from include.servers.launch_report import XComMismatchError
     from include.servers.launcher import stop_servers
 

@@ -17,9 +17,8 @@ from include.pipeline.binding import (
 
 def run(shard_id: str, outputs_uri: str, params: Mapping[str, Any] | None,
         run_id: str | None = None, split: str = Split.TRAIN) -> str:
-    """The tokenize task: tokenize the shard, token by token against the server's ids;
-    return the shard id. The outputs are where the run's settings and ``run_id`` put them:
-    ``outputs_uri`` (XCom) is only compared."""
+    """The tokenize task: tokenize the shard, token by token against the server's ids; return
+    the shard id (where outputs go: ``binding.trusted_outputs_uri``)."""
     from include.servers.launch_report import XComMismatchError
     from include.tokenization.stage import tokenize_run_shard
 

@@ -12,10 +12,8 @@ from include.pipeline.binding import bind, fail_without_retry, shard_stores, tru
 def run(shard_id: str, generated: dict[str, Any], outputs_uri: str,
         params: Mapping[str, Any] | None, run_id: str | None = None,
         split: str = Split.TRAIN) -> str:
-    """The upload task: build the shard's file from its journal and publish it; return the
-    shard id (the generate summary's lease token fences a taken-over try). The outputs are
-    where the run's settings and ``run_id`` put them: ``outputs_uri`` (XCom) is only compared.
-    """
+    """The upload task: publish the shard's file, fenced by the generate summary's lease token;
+    return the shard id (where outputs go: ``binding.trusted_outputs_uri``)."""
     from include.generation.shard import publish_shard
     from include.servers.launch_report import XComMismatchError
 
