@@ -48,12 +48,8 @@ def prefix_stability(turns: Sequence[tuple[Sequence[int], Sequence[int]]]) -> St
 
 def whole_row(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]
               ) -> tuple[list[int], list[int]] | Stability:
-    """Return a whole conversation's ``(input_ids, loss_mask)``, or why there is none.
-
-    ``pairs``: each target turn's ``(prompt_ids, sampled_ids)`` as the server returned them,
-    in order. One sequence (the last turn's prompt + sampled ids), the loss on every target
-    turn's sampled ids at the positions where the server sampled them. The tokenization
-    stage writes its whole-conversation rows with this function.
+    """Return a whole conversation's ``(input_ids, loss_mask)`` (the row: the module docstring),
+    or why there is none; ``pairs``: each target turn's ``(prompt_ids, sampled_ids)``, in order.
     """
     if not pairs:
         return Stability(False, None, None, "no target turns")

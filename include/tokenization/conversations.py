@@ -8,12 +8,10 @@ prompt ids and sampled ids). ``explode`` turns it into one single-turn record pe
 same quality filters, assembly and checks as any record, so every turn is checked against the
 server's own data.
 
-``merge`` then writes one whole-conversation row (id = the conversation id; the last turn's
-prompt ids + sampled ids, the loss on every target turn's sampled ids) where every turn of
-the conversation became a row from the server's ids and the turns are prefix-stable, checked
-token by token and built by ``include.conversations.rows.whole_row``; elsewhere the per-turn rows
-stay. Qwen3's template drops earlier turns' reasoning from the history, so a conversation
-with thinking is usually not prefix-stable: the manifest counts why, by first difference.
+``merge`` then writes one whole-conversation row (id = the conversation id;
+``include.conversations.rows`` says what it is and when it exists) where every turn of the
+conversation became a row from the server's ids; elsewhere the per-turn rows stay, and the
+manifest counts why, by first difference.
 """
 
 from __future__ import annotations
