@@ -8,8 +8,7 @@ cancels an ejected server's in-flight requests so the engine sends them elsewher
 the dispatcher when a server's room changes.
 
 With ``concurrency_mode: adaptive`` each server's in-flight window follows its own queue
-(``sglang:num_queue_reqs`` from ``/metrics``): it grows while the server's queue is empty and
-the window is full, and shrinks when requests pile up in the queue.
+(how: ``include.engine.window.next_window``).
 """
 
 from __future__ import annotations
