@@ -25,13 +25,11 @@ from include.settings import RunSettings
 def report_run(settings: RunSettings, produced: list[str], run_id: str,
                launch: dict[str, Any] | None = None, *,
                settings_fingerprint: str | None = None) -> dict[str, Any]:
-    """Write the report of a DAG run whose shard group produced ``produced``; return its summary.
+    """Write the report of a DAG run whose shard group produced ``produced``; return its summary
+    (``include.reporting.build.build_report``'s).
 
-    Shards the run's ``shard_range`` selects but did not produce are reported as reused
-    (complete from an earlier run). The report and the dataset card show
-    ``settings_fingerprint`` (of the settings that shape completions) when given, else the
-    one the shards' generated manifests agree on. Never raises for a broken gate (see
-    ``raise_for_gates``).
+    Shards the run's ``shard_range`` selects but did not produce are reported as reused;
+    without ``settings_fingerprint``, the one the shards' generated manifests agree on.
     """
     from include.reporting.build import build_report
     from include.reporting.collect import read_json
