@@ -14,9 +14,8 @@ exactly-once either way (records merge by prompt id), but both would spend GPU t
 same prompts, and only one may publish. So each generating try holds the shard's lease:
 generation N is taken by writing ``lease/<N>.json`` create-only (exactly one taker wins each
 generation, so generations order the holders without a clock) and renewed by numbered
-heartbeats. A waiter takes the next generation when the holder released it unfinished, when
-its heartbeats stopped for its TTL (by the waiter's own monotonic clock), or when it finished
-generating but its run ended unpublished (Airflow answers ``is_live``, failing closed). A
+heartbeats (``lease``). A waiter takes the next generation only from a holder that released
+it unfinished, stopped renewing, or finished but whose run ended unpublished (``claims``). A
 holder counts itself lost before any waiter may take over, and then writes nothing more. The
 generation is the fencing token: each segment's key, the generate summary and the published
 manifest carry it; publishing refuses a token older than the newest generation; and each
