@@ -1,9 +1,9 @@
 """What launching and stopping a run's servers did, as JSON data for XCom; XCom's trust rule.
 
 ``LaunchReport`` records, per server, what the launch did and whether this run started it and
-holds a lease on it, so teardown (``stop_servers``) releases exactly this run's leases and
-stops only servers no other run leases. It holds no secret: the health gate reads the API key
-from the deployment's connection (``sglang_conn_id``) itself.
+holds a lease on it (a server's leases: ``include.servers.lifecycle``), so teardown
+(``stop_servers``) releases exactly this run's. It holds no secret: the health gate reads the
+API key from the deployment's connection (``sglang_conn_id``) itself.
 
 XCom is not trusted: Op and Admin users can edit it over the REST API. So a server crosses it
 as its identifier only (``ServerSpec.ident``, ``{"host", "port"}``), and every task rebuilds
