@@ -1,10 +1,7 @@
-"""The engine's steps for whole conversations (``turns: all``); ``conversing`` decides.
-
-A conversation is one engine item that comes back after each turn with its next request
-(``ConversationSteps.plan``) until its chain ends (``ConversationSteps.finish``). The run
-(``engine.dispatch._Run``) holds one ``ConversationSteps`` when its shard has conversations
-and hands it each conversation's item.
-"""
+"""The engine's steps for whole conversations (``turns: all``; how the engine drives them:
+``conversing``'s docstring): ``ConversationSteps.plan`` a conversation's next request,
+``ConversationSteps.finish`` its end. The run (``engine.dispatch._Run``) holds one
+``ConversationSteps`` when its shard has conversations."""
 
 from __future__ import annotations
 
