@@ -53,14 +53,10 @@ def map_in_order(
 ) -> Iterator[T]:
     """Yield ``work(0)``, ..., ``work(jobs - 1)`` in order; raise what a job raised, in turn.
 
-    With ``parallel``, a worker process claims jobs from the same list as the caller does
-    between the results it yields: each job runs once, in whichever process is free. Jobs
-    are claimed in ``claim_order`` (default: job order); the longest first balances the two
-    processes best. The caller takes the first. ``work`` must be picklable (a module-level
-    function, or a ``functools.partial`` of one) and so must its results; the worker starts
-    from a fresh interpreter, so ``work`` must not depend on state the caller set up. The
-    worker's log records are handled by the caller's loggers. Without ``parallel`` it is a
-    plain loop.
+    With ``parallel``, shared with one worker process (the module docstring), claimed in
+    ``claim_order`` (default: job order; the longest first balances best). ``work`` and its
+    results must be picklable, and ``work`` must not depend on state the caller set up (the
+    worker is a fresh interpreter); its log records go to the caller's loggers.
     """
     if not parallel or jobs < 2:
         for i in range(jobs):
