@@ -81,7 +81,7 @@ class HostRunner:
 
     label: str = "this machine"
 
-    def run(
+    def execute(
         self, command: str, timeout: float = 60.0, stdin: bytes | None = None
     ) -> CommandResult:  # pragma: no cover
         """Run ``command`` with ``sh`` on the host, ``stdin`` on its input; return the outcome."""
@@ -94,7 +94,7 @@ class HostRunner:
 class LocalRunner(HostRunner):
     """Run commands on this machine with ``sh -c`` (a host whose ``ssh_conn_id`` is empty)."""
 
-    def run(
+    def execute(
         self, command: str, timeout: float = 60.0, stdin: bytes | None = None
     ) -> CommandResult:
         """Run ``command`` locally; raise HostError when it outlives ``timeout``."""
@@ -154,7 +154,7 @@ class SSHRunner(HostRunner):
             raise HostError(explain_ssh_error(exc, self.label)) from exc
         return self._client
 
-    def run(
+    def execute(
         self, command: str, timeout: float = 60.0, stdin: bytes | None = None
     ) -> CommandResult:
         """Run ``command`` over SSH; raise HostError on connection failure or timeout."""
@@ -266,7 +266,8 @@ def run_on_host(
     With ``stdin`` the container prefix must pass its input on (``docker exec -i``).
     """
     runner = runners.for_spec(spec)
-    result = runner.run(apply_prefix(command, spec.command_prefix), timeout=timeout, stdin=stdin)
+    result = runner.execute(apply_prefix(command, spec.command_prefix), timeout=timeout,
+                            stdin=stdin)
     if result.exit_status != 0:
         prefix = f" through command_prefix {spec.command_prefix!r}" if spec.command_prefix else ""
         raise HostError(

@@ -220,7 +220,7 @@ class _Shell:
         """Run each command ``next_command`` names for ``launch`` until it gives the outcome."""
         step = next_command(launch)
         while isinstance(step, Command):
-            launch = launch.record(step, self.run(step, launch.spec))
+            launch = launch.record(step, self.execute(step, launch.spec))
             step = next_command(launch)
         return step
 
@@ -236,11 +236,11 @@ class _Shell:
                 except HostError as exc:  # the teardown goes on with the other servers
                     released = {"outcome": "unreachable", "error": str(exc)}
             else:
-                port_answers = self.run(step, outcome.server)
+                port_answers = self.execute(step, outcome.server)
             step = stop_verdict(outcome, released, port_answers=port_answers)
         return step
 
-    def run(self, command: Command, spec: ServerSpec) -> Any:
+    def execute(self, command: Command, spec: ServerSpec) -> Any:
         """Run one command for ``spec``; return its result as plain data."""
         does: dict[Command, Callable[[ServerSpec], Any]] = {
             Command.LEASE: self.lease, Command.START: self.start,

@@ -71,4 +71,4 @@ def make_settings(
     # Whatever happened in the test, stop every server on the block through its pid file.
     runner = LocalRunner()
     for gpu in sorted(set(used)):
-        runner.run(build_stop_command(ServerPaths(str(log_dir), base + gpu), grace_s=5))
+        runner.execute(build_stop_command(ServerPaths(str(log_dir), base + gpu), grace_s=5))

@@ -46,5 +46,5 @@ def test_the_runner_refuses_before_connecting(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AIRFLOW_CONN_GPU_OPEN", json.dumps(conn))
     runner = SSHRunner("gpu_open", "10.0.0.9", connect_attempts=1)
     with pytest.raises(HostError, match="no_host_key_check"):
-        runner.run("true")
+        runner.execute("true")
     assert runner._client is None  # nothing was sent anywhere

@@ -51,7 +51,7 @@ class RecordingRunners(Runners):
         commands = self.commands
 
         class Recorder(HostRunner):
-            def run(self, command: str, timeout: float = 60.0,
+            def execute(self, command: str, timeout: float = 60.0,
                     stdin: bytes | None = None) -> CommandResult:
                 commands.append((spec.ssh_conn_id, command))
                 # Another run still leases it: teardown keeps it (no port check follows).
