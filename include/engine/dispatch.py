@@ -1,17 +1,19 @@
 """Turn one prompt shard into completions by driving every healthy server at once.
 
-``run_shard`` is the whole engine. ``_Run.run`` resumes from the shard's journal (prompts
-whose journaled failure was retryable are tried again), generates the rest and checks at the
-end that every prompt id is accounted for exactly once (completed + skipped + failed).
+``run_shard`` is the whole engine. ``_ShardGeneration.generate`` resumes from the shard's
+journal (prompts whose journaled failure was retryable are tried again), generates the rest
+and checks at the end that every prompt id is accounted for exactly once (completed +
+skipped + failed).
 
-Generating is one step, ``_Run._plan_and_send``: plan (``planning.Planner``: budget the next
-chunk of prompts from the target tokenizer's count, skip those that cannot fit), then send
-(to the server with the most room; a conversation's turn to the server holding its history).
-The loop takes the step whenever something changes; each finished request's callback applies
-its result (``_Run._apply``: ``retry.decide_retry``'s verdict, carried out by that verdict's
-handler) and takes the step at once, so a freed slot is refilled without a round trip
-through the loop (which failures count against a prompt: ``retry``'s docstring). Every retry
-is logged with its reason and server, and counted in the progress line.
+Generating is one step, ``_ShardGeneration._plan_and_send``: plan (``planning.Planner``:
+budget the next chunk of prompts from the target tokenizer's count, skip those that cannot
+fit), then send (to the server with the most room; a conversation's turn to the server
+holding its history). The loop takes the step whenever something changes; each finished
+request's callback applies its result (``_ShardGeneration._apply``: ``retry.decide_retry``'s
+verdict, carried out by that verdict's handler) and takes the step at once, so a freed slot
+is refilled without a round trip through the loop (which failures count against a prompt:
+``retry``'s docstring). Every retry is logged with its reason and server, and counted in the
+progress line.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ SERVER_EJECTED = "server_ejected"
 Handler = Callable[[Item, c.ChatResult, ServerState, RetryDecision], None]
 
 
-class _Run:
+class _ShardGeneration:
     """One shard run inside its event loop: what waits, what is in flight, what finished."""
 
     shard_id: str
@@ -129,7 +131,7 @@ class _Run:
                            Verdict.FAIL: self._fail}
 
     # --- the run -------------------------------------------------------------------------
-    async def run(self) -> ShardOutcome:
+    async def generate(self) -> ShardOutcome:
         """Resume from the journal, generate what is left, account for every prompt."""
         tally = self.tally
         resumed = tally.resume(p["id"] for p in self.prompts)
@@ -405,5 +407,6 @@ async def _run_in_session(shard_id: str, prompts: list[dict[str, Any]], servers:
                   else config.max_in_flight_per_server)
     async with c.new_session((window_cap + 2) * len(servers), config.request_timeout_s,
                              config.connect_timeout_s) as session:
-        run = _Run(shard_id, prompts, prompt_tokens, servers, journal, config, session)
-        return await run.run()
+        generation = _ShardGeneration(shard_id, prompts, prompt_tokens, servers, journal, config,
+                                      session)
+        return await generation.generate()

@@ -36,7 +36,8 @@ from include.sglang.length import prompt_tokens_from_length_error
 
 class Verdict(StrEnum):
     """What becomes of a prompt after one request (the table above). The engine keeps one
-    handler per verdict (``engine.dispatch._Run``'s table); a verdict without one fails there."""
+    handler per verdict (``engine.dispatch._ShardGeneration``'s table); a verdict without
+    one fails there."""
 
     COMPLETE = "complete"
     REBUDGET = "rebudget"

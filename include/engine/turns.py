@@ -1,6 +1,6 @@
 """The engine's steps for whole conversations (``turns: all``; how the engine drives them:
 ``conversing``'s docstring): ``ConversationSteps.plan`` a conversation's next request,
-``ConversationSteps.finish`` its end. The run (``engine.dispatch._Run``) holds one
+``ConversationSteps.finish`` its end. The run (``engine.dispatch._ShardGeneration``) holds one
 ``ConversationSteps`` when its shard has conversations."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 from include.durability.journal import FileJournal
 from include.engine import client as c
-from include.engine.dispatch import EngineConfig, _Run
+from include.engine.dispatch import EngineConfig, _ShardGeneration
 from include.engine.planning import Planner
 from include.engine.retry import Verdict
 from include.engine.tally import Tally
@@ -32,14 +32,14 @@ def _prompt(i: int) -> dict:
 
 
 def test_every_verdict_has_its_handler(tmp_path) -> None:
-    run = _Run("shard-00000", [], lambda convs: [5] * len(convs), ["http://s"],
+    run = _ShardGeneration("shard-00000", [], lambda convs: [5] * len(convs), ["http://s"],
                FileJournal(tmp_path / "j.jsonl"), _config(), NO_SESSION)
     assert set(run.on_verdict) == set(Verdict)
 
 
 def test_a_401_mid_run_stops_without_recording_the_prompt_as_failed(tmp_path) -> None:
     journal = FileJournal(tmp_path / "j.jsonl")
-    run = _Run("shard-00000", [_prompt(0)], lambda convs: [5] * len(convs), ["http://s"],
+    run = _ShardGeneration("shard-00000", [_prompt(0)], lambda convs: [5] * len(convs), ["http://s"],
                journal, _config(), NO_SESSION)
     item = Item(_prompt(0), 5, 64, attempts=1)
     result = c.ChatResult(server="http://s", status=401, error_kind=c.ErrorKind.UNAUTHORIZED,
@@ -81,7 +81,7 @@ def test_a_finished_request_is_replaced_by_its_own_callback_not_by_the_loop(
 
     async def scenario() -> None:
         session: Any = SimpleNamespace(timeout=None)  # answer() stands in for the HTTP call
-        run = _Run("shard-00000", [], lambda convs: [5] * len(convs), ["http://s"],
+        run = _ShardGeneration("shard-00000", [], lambda convs: [5] * len(convs), ["http://s"],
                    FileJournal(tmp_path / "j.jsonl"), _config(), session)
         run.pending.extend(Item(_prompt(i), 5, 64) for i in range(3))
         run._plan_and_send()  # a window of one: one request goes
