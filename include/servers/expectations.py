@@ -157,7 +157,7 @@ def budget_line(expected: Expectation) -> str:
 
     Each request asks for ``min(max_tokens, C - P - margin)`` tokens, so any ``max_tokens``,
     even one at or above the context length, is safe; a prompt that leaves fewer than
-    ``min_completion_tokens`` is skipped, never sent (the rule of ``token_budget``).
+    ``min_completion_tokens`` is skipped, never sent (the rule of ``BudgetRule.budget``).
     """
     c, m, margin = expected.context_length, expected.max_tokens, expected.context_margin
     least = expected.min_completion_tokens
