@@ -32,16 +32,13 @@ from include.durability.journal import Journal
 from include.engine import client as c
 from include.engine.config import EngineConfig
 from include.engine.conversing import Conversations, is_conversation
-from include.engine.outcome import (
-    GenerationError,
-    ShardOutcome,
-    check_accounting,
-)
+from include.engine.outcome import ShardOutcome, check_accounting
 from include.engine.planning import Planner
 from include.engine.pool import ServerPool, ServerState, unauthorized_cause
 from include.engine.retry import RetryDecision, Verdict, decide_retry
 from include.engine.tally import Tally
 from include.engine.turns import ConversationSteps, Item
+from include.outcomes import GenerationError
 from include.sglang.contract import bearer
 
 __all__ = ["EngineConfig", "GenerationError", "ShardOutcome", "check_accounting", "run_shard"]

@@ -9,8 +9,6 @@ from typing import Any
 
 from include.outcomes import GenerationError, PromptStatus
 
-__all__ = ["GenerationError", "PromptStatus", "ShardOutcome", "check_accounting"]
-
 
 @dataclass
 class ShardOutcome:

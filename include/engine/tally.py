@@ -15,8 +15,7 @@ from typing import Any
 
 from include.durability.journal import Journal, is_final
 from include.engine import client as c
-from include.engine.outcome import PromptStatus
-from include.outcomes import ServerStatus
+from include.outcomes import PromptStatus, ServerStatus
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,11 @@ from typing import Any
 from include.durability.door import ShardDurability
 from include.engine.config import EngineConfig
 from include.engine.dispatch import run_shard
-from include.engine.outcome import PromptStatus, check_accounting
+from include.engine.outcome import check_accounting
 from include.engine.startup import PromptCounter
 from include.jsonl import escape_breaks
 from include.layout import MANIFEST_KEY, shard_index
+from include.outcomes import PromptStatus
 from include.prompts import read_shard_by_id
 from include.reporting.facts import encode_facts
 from include.settings import RunSettings
