@@ -63,7 +63,7 @@ from airflow.sdk import (
     teardown,
 )
 
-from include.dag_names import DAG_ID
+from include.dag_names import DAG_ID, HELD_OUT_NAME
 from include.reporting.asset import DATASET_ALIAS
 from include.servers.sensor import ServerHealthSensor
 from include.settings.deployment import DeploymentSettings
@@ -104,7 +104,7 @@ DEFAULT_ARGS = {
 #: A mapped shard task's name in the grid, from its own arguments: shown as soon as the task
 #: starts (a name set inside the task body would only show once the task finished).
 # The held-out split is shard-00000 of the run's eval/ folder: named apart from shard-00000.
-SHARD_NAME = ("{{ 'held-out' if task.op_kwargs.get('split') == 'held_out' "
+SHARD_NAME = (f"{{{{ '{HELD_OUT_NAME}' if task.op_kwargs.get('split') == 'held_out' "
               "else task.op_kwargs['shard_id'] }}")
 #: A shard of 1,000 prompts with thinking takes ~10-40 minutes on eight busy GPUs.
 SHARD_TIMEOUT = timedelta(hours=6)

@@ -18,3 +18,5 @@ GENERATE_TASK = f"{SHARD_GROUP}.generate"
 UPLOAD_TASK = f"{SHARD_GROUP}.upload"
 TOKENIZE_TASK = f"{SHARD_GROUP}.tokenize"
 SHARD_TASKS = (GENERATE_TASK, UPLOAD_TASK, TOKENIZE_TASK)
+#: The held-out split's map index name among the shard tasks (its shard id is a shard's).
+HELD_OUT_NAME = "held-out"

@@ -64,6 +64,11 @@ def eval_location(uri: str) -> str:
     return f"{uri.rstrip('/')}/{EVAL_PREFIX}"
 
 
+def eval_key(key: str) -> str:
+    """Return the run-relative key of ``key`` inside the held-out split (``eval/<key>``)."""
+    return f"{EVAL_PREFIX}/{key}"
+
+
 def run_folder(run_id: str) -> str:
     """Return the folder name of one Airflow run's files (its report, a forced regeneration).
 

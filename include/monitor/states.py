@@ -21,12 +21,10 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
-from include.dag_names import SHARD_TASKS
+from include.dag_names import HELD_OUT_NAME, SHARD_TASKS
 from include.layout import REGENERATIONS_PREFIX, Split
 from include.outcomes import PromptStatus
 
-#: The held-out split's name among a run's shards (the DAG's map index name for it).
-HELD_OUT_NAME = "held-out"
 #: Runs the page shows: the newest ones (older runs are in Airflow's run list).
 RECENT_RUNS = 10
 #: A task instance with no state yet (Airflow's UI: "No Status"), as the page keys it.

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.layout import (
-    EVAL_PREFIX,
     EVAL_PROMPTS_KEY,
     EVAL_SHARD,
     Split,
+    eval_key,
     eval_location,
     shard_index,
     tokenized_keys,
@@ -89,7 +89,7 @@ def held_out_pending(settings: RunSettings, manifest: Mapping[str, Any], outputs
     held = manifest.get("held_out") or {}
     if settings.shard_range or not held.get("count") or held.get("key") != EVAL_PROMPTS_KEY:
         return False
-    return not outputs.exists(f"{EVAL_PREFIX}/{tokenized_keys(shard_index(EVAL_SHARD))[2]}")
+    return not outputs.exists(eval_key(tokenized_keys(shard_index(EVAL_SHARD))[2]))
 
 
 def nothing_to_do(settings: RunSettings, plan: Mapping[str, Any]) -> str | None:

@@ -19,13 +19,13 @@ from collections import defaultdict
 from typing import Any
 
 from include.layout import (
-    EVAL_PREFIX,
     EVAL_SHARD,
     MANIFEST_KEY,
     REPORT_HTML,
     REPORT_JSON,
     REPORT_MARKDOWN,
     card_key,
+    eval_key,
     generated_keys,
     pretokenized_key,
     report_card_key,
@@ -295,15 +295,15 @@ def held_out_answers(outputs_store: Store) -> dict[str, Any] | None:
     """Return what the target answered of the held-out split (its ``eval/`` shard), or None
     while it is not tokenized: prompts, completions, rows and where they are."""
     index = shard_index(EVAL_SHARD)
-    parquet, _, manifest_key = (f"{EVAL_PREFIX}/{k}" for k in tokenized_keys(index))
+    parquet, _, manifest_key = map(eval_key, tokenized_keys(index))
     tokenized = read_json(outputs_store, manifest_key)
     if tokenized is None:
         return None
-    generated = read_json(outputs_store, f"{EVAL_PREFIX}/{generated_keys(index)[1]}") or {}
+    generated = read_json(outputs_store, eval_key(generated_keys(index)[1])) or {}
     return {"prompts": generated.get("prompts", 0),
             "completed": (generated.get("counts") or {}).get("completed", 0),
             "rows": tokenized["counts"]["written"], "parquet": parquet,
-            "pretokenized": f"{EVAL_PREFIX}/{pretokenized_key(index)}"}
+            "pretokenized": eval_key(pretokenized_key(index))}
 
 
 def build_report(

@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 
 from include.conversations.chain import ConversationEnd
-from include.dag_names import DAG_ID
-from include.monitor.states import HELD_OUT_NAME
+from include.dag_names import DAG_ID, HELD_OUT_NAME
 from include.settings.deployment import bundled_catalogue
 from scripts.deploy import WORKERS, Tier
 from scripts.deploy_api import AirflowApi, unix_time
